@@ -1,0 +1,439 @@
+"""
+model.py: the PACE embedder, a Qwen3.5 vision-language backbone turned into an embedding model.
+
+    from model import Embedder
+    embedder = Embedder.from_pretrained("/path/to/Qwen3.5-0.8B-Base")    # a local folder, offline
+    vectors = embedder.encode([{"text": "a red circle", "image": None},
+                               {"text": "", "image": "cat.jpg"}])          # (2, D) float32
+
+Every query, positive and negative is encoded alone under one prompt (paper, Appendix A.2):
+
+    <|im_start|>system
+    Represent the user's input.<|im_end|>
+    <|im_start|>user
+    {images through vision placeholders, then the text}<|im_end|>
+    <|im_start|>assistant
+    <|endoftext|>
+
+and its embedding is the final-layer hidden state at that last <|endoftext|> (last-token pooling),
+float32 and not normalized: Stage I's cosine (eq. 1) normalizes inside the loss, Stage II's dot
+product (eq. 2) uses the norm as signal.
+
+Three pieces:
+- Preprocessor: text and image -> token ids, 3-D rotary positions and pixel patches for ONE item, and
+  collate() for a right-padded batch. Picklable, so DataLoader workers run it (data.py).
+- Embedder: nn.Module around transformers' Qwen3_5Model (the vision tower, frozen, plus the language
+  model; no LM head, no generation cache); forward(batch) -> (B, D); encode(items) for inference.
+- make_tiny_checkpoint(): a tiny random Qwen3.5 in the exact layout of a real release, so tests and
+  the toy benchmark load through the same path as real weights.
+
+The prompt is built here, not by the checkpoint's chat template, and the processor class of
+transformers is not used: it needs the video processor, which needs torchvision. The tokenizer and
+the PIL image processor are loaded directly.
+"""
+
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+from PIL import Image
+
+SYSTEM_PROMPT = "Represent the user's input."
+IMAGE_MARKER = "<|image_1|>"  # in MMEB / mmE5 text: where the item's image goes
+
+
+# -----------------------------------------------------------------------------
+# images
+
+def load_image(image):
+    """A path or PIL image -> an RGB PIL image. Transparent pixels are laid on white, not black."""
+    if isinstance(image, (str, os.PathLike)):
+        try:
+            with Image.open(image) as opened:
+                opened.load()
+                image = opened.copy()
+        except Exception as error:  # missing, unreadable, truncated, not an image
+            raise ValueError(f"cannot read image {os.fspath(image)!r}: {error}") from None
+    if not isinstance(image, Image.Image):
+        raise ValueError(f"an image must be a file path or a PIL image, got {type(image).__name__}")
+    if image.mode == "RGB":
+        return image
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        background = Image.new("RGB", image.size, (255, 255, 255))
+        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
+        return background
+    return image.convert("RGB")
+
+
+def smart_resize(height, width, factor, min_pixels, max_pixels):
+    """The size Qwen's image processor resizes to: sides multiples of `factor` (patch * merge),
+    aspect ratio kept, pixel count within [min_pixels, max_pixels]."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"image aspect ratio {height}x{width} is more than 200")
+    h, w = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+# -----------------------------------------------------------------------------
+# one item -> model inputs; a list of items -> a padded batch
+
+class Preprocessor:
+    """Builds the embedding prompt of one item and its model inputs. Runs in DataLoader workers."""
+
+    def __init__(self, tokenizer, image_processor, max_length=8192):
+        self.tokenizer, self.image_processor, self.max_length = tokenizer, image_processor, max_length
+        token = tokenizer.convert_tokens_to_ids
+        self.image_pad_id = token("<|image_pad|>")
+        self.vision_start_id, self.vision_end_id = token("<|vision_start|>"), token("<|vision_end|>")
+        self.pad_id = token("<|endoftext|>")
+        self.merge_size = image_processor.merge_size
+        self.factor = image_processor.patch_size * image_processor.merge_size
+        # The fixed parts of the template, with their special tokens parsed.
+        self.prefix_ids = self._ids(f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n", True)
+        self.suffix_ids = self._ids("<|im_end|>\n<|im_start|>assistant\n<|endoftext|>", True)
+        if self.suffix_ids[-1] != self.pad_id or self.image_pad_id == tokenizer.unk_token_id:
+            raise ValueError("tokenizer lacks the Qwen special tokens (<|endoftext|>, <|image_pad|>, ...)")
+        if max_length < len(self.prefix_ids) + len(self.suffix_ids) + 1:
+            raise ValueError(f"max_length={max_length} cannot hold the prompt template")
+
+    @classmethod
+    def from_pretrained(cls, path, max_length=8192, min_pixels=None, max_pixels=None):
+        from transformers import AutoTokenizer
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        image_processor = Qwen2VLImageProcessorPil.from_pretrained(path, local_files_only=True)
+        size = dict(image_processor.size)
+        size["shortest_edge"] = min_pixels or size["shortest_edge"]
+        size["longest_edge"] = max_pixels or size["longest_edge"]
+        if size["shortest_edge"] > size["longest_edge"]:
+            raise ValueError(f"min_pixels {size['shortest_edge']} > max_pixels {size['longest_edge']}")
+        image_processor.size = size
+        return cls(tokenizer, image_processor, max_length)
+
+    @property
+    def min_pixels(self):
+        return self.image_processor.size["shortest_edge"]
+
+    @property
+    def max_pixels(self):
+        return self.image_processor.size["longest_edge"]
+
+    def _ids(self, text, special=False):
+        # User text never injects control tokens: a literal "<|im_end|>" in data stays text.
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=not special)["input_ids"]
+
+    def image_grid(self, height, width):
+        """(grid_h, grid_w) in patches of an image of this size after resizing."""
+        h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        patch = self.image_processor.patch_size
+        return h // patch, w // patch
+
+    def _split_text(self, text, has_image):
+        """Text before and after the image. Without a marker the image leads; without an image the
+        marker is dropped (never fed as literal text)."""
+        before, marker, after = text.partition(IMAGE_MARKER)
+        if not marker:
+            before, after = "", text
+        after = after.replace(IMAGE_MARKER, "")  # only one image per item
+        if not has_image:
+            return "", before + after
+        return before, after
+
+    def _text_ids(self, text, has_image, num_image_tokens):
+        """Token ids of the text before and after the image, truncated from the end of the text
+        itself so the image placeholders and the closing template always survive."""
+        before, after = self._split_text(text, has_image)
+        before_ids, after_ids = self._ids(before) if before else [], self._ids(after) if after else []
+        fixed = len(self.prefix_ids) + len(self.suffix_ids) + (num_image_tokens + 2 if has_image else 0)
+        budget = self.max_length - fixed
+        if budget < 0:
+            raise ValueError(f"an image of {num_image_tokens} tokens does not fit max_length={self.max_length}; "
+                             "lower max_pixels or raise max_length")
+        after_ids = after_ids[:max(0, budget - len(before_ids))]
+        return before_ids[:budget], after_ids
+
+    def num_tokens(self, text, image=None):
+        """Exact sequence length of an item, reading only the image header: for length-sorted batching."""
+        num_image_tokens = 0
+        if image is not None:
+            width, height = _image_size(image)
+            grid_h, grid_w = self.image_grid(height, width)
+            num_image_tokens = grid_h * grid_w // self.merge_size**2
+        before, after = self._text_ids(text or "", image is not None, num_image_tokens)
+        extra = num_image_tokens + 2 if image is not None else 0
+        return len(self.prefix_ids) + len(before) + extra + len(after) + len(self.suffix_ids)
+
+    def __call__(self, text, image=None):
+        """One item -> {"input_ids": (L,), "position_ids": (3, L)} plus, with an image,
+        {"pixel_values": (P, F), "image_grid_thw": (1, 3)}."""
+        text = text or ""
+        if not text.strip() and image is None:
+            raise ValueError("an item needs text or an image; this one has neither")
+        feature = {}
+        num_image_tokens = grid_h = grid_w = 0
+        if image is not None:
+            pixels = self.image_processor(images=[load_image(image)], return_tensors="pt")
+            feature["pixel_values"] = pixels["pixel_values"]  # (P, 3 * temporal * patch * patch)
+            feature["image_grid_thw"] = pixels["image_grid_thw"]  # (1, 3) = (1, grid_h, grid_w)
+            _, grid_h, grid_w = pixels["image_grid_thw"][0].tolist()
+            num_image_tokens = grid_h * grid_w // self.merge_size**2
+        before, after = self._text_ids(text, image is not None, num_image_tokens)
+        head = self.prefix_ids + before
+        tail = after + self.suffix_ids
+        if image is None:
+            ids = head + tail
+            positions = torch.arange(len(ids)).expand(3, -1)
+        else:
+            head = head + [self.vision_start_id]
+            tail = [self.vision_end_id] + tail
+            ids = head + [self.image_pad_id] * num_image_tokens + tail
+            positions = _mrope_positions(len(head), grid_h // self.merge_size, grid_w // self.merge_size, len(tail))
+        feature["input_ids"] = torch.tensor(ids, dtype=torch.long)
+        feature["position_ids"] = positions.contiguous()
+        return feature
+
+    def collate(self, features):
+        """Right-padded batch of preprocessed items. Pooling reads position length-1 of each row."""
+        batch_size, length = len(features), max(len(f["input_ids"]) for f in features)
+        input_ids = torch.full((batch_size, length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros(batch_size, length, dtype=torch.long)
+        position_ids = torch.zeros(3, batch_size, length, dtype=torch.long)
+        for row, feature in enumerate(features):
+            n = len(feature["input_ids"])
+            input_ids[row, :n] = feature["input_ids"]
+            attention_mask[row, :n] = 1
+            position_ids[:, row, :n] = feature["position_ids"]
+        with_image = [f for f in features if "pixel_values" in f]
+        return {
+            "input_ids": input_ids,  # (B, L)
+            "attention_mask": attention_mask,  # (B, L)
+            "position_ids": position_ids,  # (3, B, L): temporal, height, width (M-RoPE)
+            "mm_token_type_ids": (input_ids == self.image_pad_id).int() * attention_mask.int(),  # (B, L)
+            "pixel_values": torch.cat([f["pixel_values"] for f in with_image]) if with_image else None,
+            "image_grid_thw": torch.cat([f["image_grid_thw"] for f in with_image]) if with_image else None,
+        }
+
+
+def _image_size(image):
+    if isinstance(image, Image.Image):
+        return image.size
+    try:
+        with Image.open(image) as opened:  # reads the header only
+            return opened.size
+    except Exception as error:
+        raise ValueError(f"cannot read image {os.fspath(image)!r}: {error}") from None
+
+
+def _mrope_positions(num_head, grid_h, grid_w, num_tail):
+    """3-D rotary positions (temporal, height, width) of text + one image + text, as Qwen3.5 defines
+    them: text counts up on all three axes; the image's merged grid spans rows and columns from the
+    position where it starts; text after it resumes at start + max(grid_h, grid_w). -> (3, L)"""
+    head = torch.arange(num_head).expand(3, -1)
+    rows = torch.arange(grid_h).repeat_interleave(grid_w)
+    cols = torch.arange(grid_w).repeat(grid_h)
+    image = torch.stack([torch.zeros_like(rows), rows, cols]) + num_head
+    start = num_head + max(grid_h, grid_w)
+    tail = torch.arange(start, start + num_tail).expand(3, -1)
+    return torch.cat([head, image, tail], dim=1)
+
+
+# -----------------------------------------------------------------------------
+# the embedder
+
+class Embedder(nn.Module):
+    """Qwen3.5 backbone + last-token pooling. Holds transformers' Qwen3_5Model as `self.model`
+    (`model.visual`: frozen vision tower and merger; `model.language_model`: the trained part)."""
+
+    def __init__(self, model, preprocessor):
+        super().__init__()
+        self.model = model
+        self.preprocessor = preprocessor
+        self.model.config.use_cache = False
+        self.model.visual.requires_grad_(False)  # frozen in both stages (paper, Section 4)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=torch.float32, max_length=8192, min_pixels=None, max_pixels=None):
+        """Load a local Hugging Face Qwen3.5 folder (a release, or an export/ of this project)."""
+        from transformers import AutoConfig, Qwen3_5Model
+        path = os.fspath(path)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{path!r} is not a Hugging Face checkpoint folder (no config.json)")
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        if config.model_type != "qwen3_5":
+            raise ValueError(f"{path}: model_type {config.model_type!r}; this project needs a Qwen3.5 'qwen3_5' checkpoint")
+        model = Qwen3_5Model.from_pretrained(path, config=config, dtype=dtype, local_files_only=True,
+                                             attn_implementation="sdpa")
+        preprocessor = Preprocessor.from_pretrained(path, max_length, min_pixels, max_pixels)
+        return cls(model, preprocessor)
+
+    @property
+    def dim(self):
+        return self.model.config.text_config.hidden_size
+
+    def forward(self, input_ids, attention_mask, position_ids, mm_token_type_ids=None,
+                pixel_values=None, image_grid_thw=None):
+        """A collated batch -> (B, D) float32 embeddings: the hidden state at each row's last token."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            mm_token_type_ids=mm_token_type_ids, pixel_values=pixel_values,
+                            image_grid_thw=image_grid_thw, use_cache=False).last_hidden_state  # (B, L, D)
+        last = attention_mask.sum(dim=1) - 1  # (B,) right padding: the pooled <|endoftext|>
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float()
+
+    @torch.no_grad()
+    def encode(self, items, batch_size=16, num_workers=0, progress=False):
+        """items: list of {"text": str, "image": path | PIL image | None} -> (N, D) float32, input order.
+        Items are sorted by length and batched so little compute goes to padding."""
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        batches = length_sorted_batches([_named(i, self.preprocessor.num_tokens, *_item(i, it))
+                                         for i, it in enumerate(items)], batch_size)
+        dataset = _EncodeBatches(items, batches, self.preprocessor)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers)
+        out = torch.empty(len(items), self.dim)
+        done, start, last_print = 0, time.time(), time.time()
+        for indices, batch in zip(batches, loader):
+            batch = {k: v.to(device, non_blocking=True) if v is not None else None for k, v in batch.items()}
+            out[indices] = self(**batch).cpu()
+            done += len(indices)
+            if progress and (done == len(items) or time.time() - last_print > 10):
+                last_print = time.time()
+                print(f"encoded {done}/{len(items)} items, {done / (last_print - start):.1f} items/s", flush=True)
+        self.train(was_training)
+        return out
+
+
+def _item(index, item):
+    """Validate one encode() item -> (text, image), naming the item on error."""
+    if not isinstance(item, dict) or not ({"text", "image"} & set(item)):
+        raise ValueError(f"item {index}: expected a dict with 'text' and/or 'image', got {item!r:.80}")
+    text, image = item.get("text") or "", item.get("image")
+    if not text.strip() and image is None:
+        raise ValueError(f"item {index}: has no text and no image")
+    return text, image
+
+
+def _named(index, function, *args):
+    """function(*args), with a ValueError naming the item it came from."""
+    try:
+        return function(*args)
+    except ValueError as error:
+        raise ValueError(f"item {index}: {error}") from None
+
+
+def length_sorted_batches(lengths, batch_size):
+    """Index batches of items sorted by length, longest first (an out-of-memory error shows at once)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+class _EncodeBatches(torch.utils.data.Dataset):
+    """Batch k of encode(): preprocess its items (in a worker when num_workers > 0) and collate."""
+
+    def __init__(self, items, batches, preprocessor):
+        self.items, self.batches, self.preprocessor = items, batches, preprocessor
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, k):
+        features = [_named(i, self.preprocessor, *_item(i, self.items[i])) for i in self.batches[k]]
+        return self.preprocessor.collate(features)
+
+
+# -----------------------------------------------------------------------------
+# a tiny random Qwen3.5 in the layout of a real release
+
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                       "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                       "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def _tiny_tokenizer(vocab_size=1024):
+    """A byte-level BPE trained on a fixed English corpus: deterministic, Qwen's special tokens on top."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    words = ("system user assistant represent the user's input given image to answer following question retrieve an that best matches "
+             "description find caption describes this matching described changes what is shape colour color "
+             "of a in on at left right top bottom middle center small large big tiny circle square triangle "
+             "star cross diamond red green blue yellow purple orange black white gray pink brown cyan how many "
+             "objects there are picture photo showing with and one two three four five six which where near far "
+             "above below next select box region object from query candidate answer yes no true false").split()
+    corpus = [" ".join(words[i:i + 7]) for i in range(len(words))] * 4 + ["0 1 2 3 4 5 6 7 8 9 , . ? ! : ; - ( )"]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TINY_SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tokenizer.train_from_iterator(corpus, trainer)
+    tokenizer.add_special_tokens(TINY_SPECIAL_TOKENS)
+    return tokenizer
+
+
+def make_tiny_checkpoint(out_dir, seed=0):
+    """Write a tiny random Qwen3.5 (text and vision; Gated DeltaNet and full-attention layers) with a
+    byte-level BPE tokenizer into out_dir, in the file layout of a Qwen3.5-0.8B-Base release. -> out_dir"""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    from transformers import PreTrainedTokenizerFast
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = _tiny_tokenizer()
+    token = tokenizer.token_to_id
+    hidden = 64
+    config = Qwen3_5Config(
+        text_config=dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=hidden, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                         linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                         layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=8192,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                                              mrope_section=[2, 1, 1], mrope_interleaved=True),
+                         tie_word_embeddings=True, eos_token_id=token("<|endoftext|>")),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
+                           patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64),
+        image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
+        vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"),
+        tie_word_embeddings=True)
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config)
+    with torch.no_grad():
+        # transformers' 0.02-std init leaves the residual stream to the token embedding, so every item
+        # pooled at the same <|endoftext|> would look alike; unit-variance layers make context count.
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                fan_in = param[0].numel()
+                param.normal_(0.0, 1.0 if "embed_tokens" in name else fan_in ** -0.5)
+    model.save_pretrained(out_dir)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                            unk_token=None).save_pretrained(out_dir)
+    # the class a Qwen3.5 release names; transformers maps it onto tokenizer.json
+    _update_json(os.path.join(out_dir, "tokenizer_config.json"), tokenizer_class="Qwen2Tokenizer",
+                 model_max_length=8192)
+    image = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5],
+                 image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 32 * 32, "longest_edge": 128 * 128})
+    _update_json(os.path.join(out_dir, "preprocessor_config.json"), image_processor_type="Qwen2VLImageProcessor", **image)
+    _update_json(os.path.join(out_dir, "video_preprocessor_config.json"),
+                 video_processor_type="Qwen3VLVideoProcessor", **image)
+    return out_dir
+
+
+def _update_json(path, **values):
+    data = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            data = json.load(f)
+    data.update(values)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")

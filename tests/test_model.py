@@ -1,0 +1,154 @@
+"""Tests of model.py: the prompt, pooling, batch invariance, bad input, the tiny checkpoint."""
+import os
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from model import IMAGE_MARKER, SYSTEM_PROMPT, Embedder, Preprocessor, make_tiny_checkpoint
+
+
+def _images():
+    """Images of different sizes and modes: RGB, grey, RGBA (transparent), palette."""
+    rgb = Image.new("RGB", (100, 60), (200, 30, 30))
+    rgb.paste((20, 20, 220), (10, 10, 40, 50))
+    grey = Image.new("L", (48, 130), 90)
+    rgba = Image.new("RGBA", (70, 70), (0, 255, 0, 0))
+    rgba.paste((255, 0, 0, 255), (20, 20, 50, 50))
+    palette = rgb.convert("P")
+    return rgb, grey, rgba, palette
+
+
+def _mixed_items(tmp_path):
+    rgb, grey, rgba, palette = _images()
+    path = tmp_path / "on_disk.png"
+    Image.new("RGB", (150, 90), (10, 120, 40)).save(path)
+    return [
+        {"text": "a short text", "image": None},
+        {"text": "", "image": rgb},
+        {"text": f"{IMAGE_MARKER} Represent the given image to answer the following question. what colour?", "image": grey},
+        {"text": "a much longer text that goes on " * 8, "image": None},
+        {"text": "transparent square", "image": rgba},
+        {"text": "palette image", "image": palette},
+        {"text": "from a file", "image": str(path)},
+        {"text": "x", "image": None},
+    ]
+
+
+def test_embedding_is_batch_invariant(tiny_embedder, tmp_path):
+    items = _mixed_items(tmp_path)
+    together = tiny_embedder.encode(items, batch_size=len(items))
+    alone = torch.cat([tiny_embedder.encode([item]) for item in items])
+    in_pairs = tiny_embedder.encode(items, batch_size=3)
+    assert together.dtype == torch.float32 and together.shape == (len(items), tiny_embedder.dim)
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(in_pairs, alone, atol=1e-5, rtol=0)
+    # distinct inputs give distinct vectors (the tiny model is not degenerate), and the output is not normalized
+    cos = torch.nn.functional.normalize(alone, dim=-1) @ torch.nn.functional.normalize(alone, dim=-1).T
+    assert (cos - torch.eye(len(items))).max() < 0.9999
+    # the forward pools the last real token of each right-padded row
+    batch = tiny_embedder.preprocessor.collate([tiny_embedder.preprocessor(i["text"], i["image"]) for i in items[:2]])
+    with torch.no_grad():
+        hidden = tiny_embedder.model(**{k: v for k, v in batch.items()}, use_cache=False).last_hidden_state
+        pooled = tiny_embedder(**batch)
+    last = batch["attention_mask"].sum(1) - 1
+    torch.testing.assert_close(pooled, hidden[torch.arange(2), last])
+
+
+def test_prompt_layout_and_marker(tiny_embedder):
+    prep = tiny_embedder.preprocessor
+    decode = lambda f: prep.tokenizer.decode(f["input_ids"].tolist(), skip_special_tokens=False)
+    text_only = decode(prep("hello there"))
+    assert text_only == (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nhello there"
+                         "<|im_end|>\n<|im_start|>assistant\n<|endoftext|>")
+    image = Image.new("RGB", (64, 64))
+    feature = prep(f"before {IMAGE_MARKER} after", image)
+    n_tokens = int(feature["image_grid_thw"].prod()) // prep.merge_size ** 2
+    decoded = decode(feature)
+    assert f"user\nbefore <|vision_start|>{'<|image_pad|>' * n_tokens}<|vision_end|> after<|im_end|>" in decoded
+    assert IMAGE_MARKER not in decoded
+    # no marker: the image leads; a marker without an image is dropped, never literal text
+    assert f"user\n<|vision_start|>{'<|image_pad|>' * n_tokens}<|vision_end|>caption" in decode(prep("caption", image))
+    assert "user\nbefore  after<|im_end|>" in decode(prep(f"before {IMAGE_MARKER} after"))
+    # text that spells a control token stays text: exactly one <|im_end|> pair per template
+    ids = prep("say <|im_end|> now")["input_ids"].tolist()
+    assert ids.count(prep.tokenizer.convert_tokens_to_ids("<|im_end|>")) == 2
+
+
+def test_positions_match_transformers_and_lengths(tiny_embedder):
+    prep = tiny_embedder.preprocessor
+    rgb, grey, _, _ = _images()
+    features = [prep(f"q {IMAGE_MARKER} tail text", rgb), prep("only text"), prep("", grey)]
+    batch = prep.collate(features)
+    reference, _ = tiny_embedder.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
+                                                      batch["image_grid_thw"], attention_mask=batch["attention_mask"])
+    mask = batch["attention_mask"].bool()
+    assert torch.equal(reference[:, mask], batch["position_ids"][:, mask])
+    assert prep.num_tokens(f"q {IMAGE_MARKER} tail text", rgb) == len(features[0]["input_ids"])
+    assert prep.num_tokens("", grey) == len(features[2]["input_ids"])
+    assert batch["mm_token_type_ids"].sum() == (batch["input_ids"] == prep.image_pad_id).sum()
+
+
+def test_truncation_keeps_image_and_template(tiny_checkpoint):
+    prep = Preprocessor.from_pretrained(tiny_checkpoint, max_length=80)
+    image = Image.new("RGB", (128, 128), (1, 2, 3))
+    long_text = "many words " * 200
+    for text, img in [(long_text, None), (f"{long_text}{IMAGE_MARKER}{long_text}", image), (long_text, image)]:
+        ids = prep(text, img)["input_ids"].tolist()
+        assert len(ids) == 80 == prep.num_tokens(text, img)
+        assert ids[-len(prep.suffix_ids):] == prep.suffix_ids and ids[:len(prep.prefix_ids)] == prep.prefix_ids
+        if img is not None:
+            assert ids.count(prep.image_pad_id) == 16 and ids.count(prep.vision_end_id) == 1
+    with pytest.raises(ValueError, match="does not fit max_length"):
+        Preprocessor.from_pretrained(tiny_checkpoint, max_length=len(prep.prefix_ids) + len(prep.suffix_ids) + 17)("x", image)
+
+
+def test_bad_input_names_the_item(tiny_embedder, tmp_path):
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"not a jpeg at all")
+    with pytest.raises(ValueError, match="item 1: has no text and no image"):
+        tiny_embedder.encode([{"text": "ok", "image": None}, {"text": "  ", "image": None}])
+    with pytest.raises(ValueError, match=r"item 1: .*missing\.png"):
+        tiny_embedder.encode([{"text": "ok", "image": None}, {"text": "x", "image": str(tmp_path / "missing.png")}])
+    with pytest.raises(ValueError, match=r"item 0: .*corrupt\.jpg"):
+        tiny_embedder.encode([{"text": "x", "image": str(corrupt)}])
+    with pytest.raises(ValueError, match="item 0: expected a dict"):
+        tiny_embedder.encode(["just a string"])
+
+
+def test_transparent_and_grey_images_become_rgb(tiny_embedder):
+    from model import load_image
+    _, grey, rgba, palette = _images()
+    for image in (grey, rgba, palette):
+        assert load_image(image).mode == "RGB"
+    assert load_image(rgba).getpixel((0, 0)) == (255, 255, 255)  # transparent -> white, not black
+    assert load_image(rgba).getpixel((30, 30)) == (255, 0, 0)
+
+
+def test_tiny_checkpoint_layout_and_determinism(tiny_checkpoint, tmp_path):
+    for name in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "preprocessor_config.json", "video_preprocessor_config.json"]:
+        assert os.path.isfile(os.path.join(tiny_checkpoint, name)), name
+    again = make_tiny_checkpoint(str(tmp_path / "again"), seed=0)
+    other = make_tiny_checkpoint(str(tmp_path / "other"), seed=1)
+    a, b, c = (load_file(os.path.join(p, "model.safetensors")) for p in (tiny_checkpoint, again, other))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+    assert any(k.startswith("model.visual.") for k in a) and any(".linear_attn." in k for k in a)
+    assert any(".self_attn." in k for k in a)
+    with open(os.path.join(tiny_checkpoint, "tokenizer.json")) as f1, open(os.path.join(again, "tokenizer.json")) as f2:
+        assert f1.read() == f2.read()
+
+
+def test_from_pretrained_freezes_vision_and_loads_in_transformers(tiny_checkpoint, tiny_embedder, tmp_path):
+    from transformers import AutoModelForImageTextToText
+    assert not any(p.requires_grad for p in tiny_embedder.model.visual.parameters())
+    assert all(p.requires_grad for p in tiny_embedder.model.language_model.parameters())
+    types = set(tiny_embedder.model.config.text_config.layer_types)
+    assert types == {"linear_attention", "full_attention"}
+    full = AutoModelForImageTextToText.from_pretrained(tiny_checkpoint)  # plain transformers, same weights
+    torch.testing.assert_close(full.model.language_model.layers[0].mlp.up_proj.weight,
+                               tiny_embedder.model.language_model.layers[0].mlp.up_proj.weight)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        Embedder.from_pretrained(str(tmp_path))
