@@ -1,0 +1,83 @@
+"""
+Two-rank check of loss.pace_loss, launched by tests/test_loss.py:
+
+    python -m torch.distributed.run --nproc_per_node=2 tests/dist_loss_check.py OUT_DIR
+
+Every rank builds the same fixed global batch and the same tiny encoder (an nn.Linear shared
+by queries and candidates, so there is a real parameter gradient), encodes its half, runs
+pace_loss (candidates gathered across ranks), backward, and averages the parameter gradients
+over ranks as FSDP/DDP do. Each rank writes OUT_DIR/rank{r}.pt; the test recomputes the whole
+batch in one process and compares losses, stats and gradients.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for loss.py
+from loss import pace_loss  # noqa: E402
+
+QUERIES_PER_RANK = 3
+HARD_NEGATIVES = 2  # per query
+INPUT_DIM, EMBED_DIM = 8, 16
+# (similarity, temperature, focal_gamma): Stage I and Stage II settings, with and without focal
+CASES = [("cos", 0.1, 0.0), ("cos", 0.1, 2.0), ("dot", 100.0, 0.0), ("dot", 100.0, 2.0)]
+
+
+def make_global_batch(world, seed=0):
+    """Encoder state and inputs of the whole batch, the same on every rank.
+    query_inputs: (world, Q, INPUT_DIM); candidate_inputs: (world, M, INPUT_DIM) with, per rank,
+    its Q positives first, then its Q*HARD_NEGATIVES hard negatives."""
+    g = torch.Generator().manual_seed(seed)
+    # weights scaled so embedding norms are about 30: dot logits at tau=100 are then O(10)
+    encoder_state = {"weight": 2.5 * torch.randn(EMBED_DIM, INPUT_DIM, generator=g),
+                     "bias": torch.randn(EMBED_DIM, generator=g)}
+    query_inputs = torch.randn(world, QUERIES_PER_RANK, INPUT_DIM, generator=g)
+    positive_inputs = query_inputs + 0.7 * torch.randn(query_inputs.shape, generator=g)
+    negative_inputs = torch.randn(world, QUERIES_PER_RANK * HARD_NEGATIVES, INPUT_DIM, generator=g)
+    candidate_inputs = torch.cat([positive_inputs, negative_inputs], dim=1)
+    return encoder_state, query_inputs, candidate_inputs
+
+
+def main(out_dir):
+    dist.init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    encoder_state, query_inputs, candidate_inputs = make_global_batch(world)
+    encoder = torch.nn.Linear(INPUT_DIM, EMBED_DIM)
+    encoder.load_state_dict(encoder_state)
+    targets = torch.arange(QUERIES_PER_RANK)  # local: query i's positive is local candidate i
+
+    results = {"world": world, "encoder_state": encoder_state, "query_inputs": query_inputs,
+               "candidate_inputs": candidate_inputs, "cases": {}}
+    for similarity, temperature, focal_gamma in CASES:
+        encoder.zero_grad()
+        q = encoder(query_inputs[rank])  # (Q, D)
+        c = encoder(candidate_inputs[rank])  # (M, D)
+        loss, stats = pace_loss(q, c, targets, similarity=similarity, temperature=temperature,
+                                focal_gamma=focal_gamma, focal_temperature=0.1)
+        loss.backward()
+        grads = {}
+        for name, p in encoder.named_parameters():  # emulate FSDP/DDP: average over ranks
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            grads[name] = p.grad / world
+        results["cases"][(similarity, temperature, focal_gamma)] = {
+            "loss": loss.item(), "stats": stats, "grads": grads}
+
+    # ranks with different candidate counts: every rank must raise, none may hang
+    c = encoder(candidate_inputs[rank])[: candidate_inputs.shape[1] - rank]
+    try:
+        pace_loss(encoder(query_inputs[rank]), c, targets)
+        results["mismatch_error"] = None
+    except ValueError as error:
+        results["mismatch_error"] = str(error)
+
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,210 @@
+"""
+Tests of loss.py: pace_loss against a slow loop over eqs. (1)-(7), InfoNCE at gamma = 0, the
+stop-gradient on the focal weight (eq. 5), no radial gradient under cosine (eq. 8), and two
+gloo ranks against one process (tests/dist_loss_check.py).
+
+    python -m pytest -q tests/test_loss.py
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loss import pace_loss, similarity_matrix
+
+REPO = Path(__file__).resolve().parents[1]
+FOCAL_TEMPERATURE = 0.1
+
+
+def reference_loss(q, c, targets, similarity, temperature, focal_gamma, focal_temperature):
+    """Eqs. (1)-(7) written out one query and one candidate at a time. Returns (L, a)."""
+    def cosine(u, v):
+        return torch.dot(u, v) / (u.norm() * v.norm())  # eq. (1)
+
+    def score(u, v):
+        return cosine(u, v) if similarity == "cos" else torch.dot(u, v)  # eq. (1) or (2)
+
+    nlls, weights = [], []
+    for i in range(q.shape[0]):
+        t = int(targets[i])
+        exps = [torch.exp(score(q[i], c[j]) / temperature) for j in range(c.shape[0])]
+        nlls.append(-torch.log(exps[t] / sum(exps)))  # l_i = -log pi_i, eq. (3)
+        with torch.no_grad():
+            cos_exps = [torch.exp(cosine(q[i], c[j]) / focal_temperature) for j in range(c.shape[0])]
+            p = cos_exps[t] / sum(cos_exps)  # eq. (4)
+            weights.append((1 - p) ** focal_gamma)  # eq. (5)
+    total = sum(a * l for a, l in zip(weights, nlls))
+    return total / sum(weights), torch.stack(weights)  # eqs. (6), (7)
+
+
+def random_batch(similarity, temperature, seed=0, n=5, hard_negatives=3, dim=12):
+    """q: (n, dim), c: (n*(1+hard_negatives), dim) float64 leaves; positives first.
+    Norms vary by row and are scaled so logits s/tau are O(10) (norm^2 ~ 10 tau for dot)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    c = torch.cat([q + 2.0 * torch.randn(n, dim, generator=g, dtype=torch.float64),
+                   torch.randn(n * hard_negatives, dim, generator=g, dtype=torch.float64)])
+    target_norm = 1.0 if similarity == "cos" else (10 * temperature) ** 0.5
+    for x in (q, c):
+        norms = target_norm * (0.5 + torch.rand(x.shape[0], 1, generator=g, dtype=torch.float64))  # (rows, 1)
+        x *= norms / x.norm(dim=-1, keepdim=True)
+    targets = torch.arange(n)
+    return q.requires_grad_(), c.requires_grad_(), targets
+
+
+SETTINGS = [(s, tau, gamma) for s, tau in [("cos", 0.1), ("dot", 0.1), ("dot", 100.0)] for gamma in (0.0, 2.0)]
+
+
+@pytest.mark.parametrize("similarity,temperature,focal_gamma", SETTINGS)
+def test_matches_loop_reference(similarity, temperature, focal_gamma):
+    q, c, targets = random_batch(similarity, temperature)
+    loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
+    grad_q, grad_c = torch.autograd.grad(loss, (q, c))
+    expected, weights = reference_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
+    expected_grad_q, expected_grad_c = torch.autograd.grad(expected, (q, c))
+    assert 0.5 < expected.item() < 10  # logits in a sensible range, so the comparison means something
+    assert torch.allclose(loss.double(), expected, rtol=1e-5, atol=1e-6)
+    scale = expected_grad_q.abs().max().item()  # pace_loss computes in float32
+    assert torch.allclose(grad_q, expected_grad_q, rtol=1e-4, atol=1e-5 * scale)
+    assert torch.allclose(grad_c, expected_grad_c, rtol=1e-4, atol=1e-5 * scale)
+    assert stats["loss"] == pytest.approx(loss.item(), rel=1e-6)
+    # a_i = (1 - p_i)^gamma cancels when p_i is near 1: absolute tolerance, float32 scale
+    assert stats["weight_min"] == pytest.approx(weights.min().item(), abs=1e-6)
+    assert stats["weight_max"] == pytest.approx(weights.max().item(), abs=1e-6)
+    if focal_gamma > 0:  # the focal weights really vary, or the weighted tests prove little
+        assert weights.max() / weights.min() > 2
+
+
+@pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 100.0)])
+def test_gamma_zero_is_infonce(similarity, temperature):
+    q, c, targets = random_batch(similarity, temperature, seed=1)
+    loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma=0.0)
+    logits = similarity_matrix(q, c, similarity) / temperature
+    assert torch.allclose(loss, F.cross_entropy(logits, targets), rtol=1e-6, atol=1e-7)
+    assert stats["weight_min"] == stats["weight_max"] == 1.0
+
+
+@pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 100.0)])
+def test_focal_weight_carries_no_gradient(similarity, temperature):
+    q, c, targets = random_batch(similarity, temperature, seed=2)
+    loss, _ = pace_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE)
+    grad_q, grad_c = torch.autograd.grad(loss, (q, c))
+
+    def weighted_loss(detach):  # eq. (7) with a_i of eq. (5) as constants, or differentiated
+        nll = F.cross_entropy(similarity_matrix(q, c, similarity) / temperature, targets, reduction="none")
+        cos_logits = similarity_matrix(q, c, "cos") / FOCAL_TEMPERATURE
+        p = cos_logits.softmax(-1).gather(1, targets[:, None]).squeeze(1)
+        a = (1 - p) ** 2.0
+        a = a.detach() if detach else a
+        return (a * nll).sum() / a.sum()
+
+    constant_grad_q, constant_grad_c = torch.autograd.grad(weighted_loss(detach=True), (q, c))
+    assert torch.allclose(grad_q, constant_grad_q, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(grad_c, constant_grad_c, rtol=1e-5, atol=1e-6)
+    # the check can tell: differentiating through a_i gives a clearly different gradient
+    through_grad_q, _ = torch.autograd.grad(weighted_loss(detach=False), (q, c))
+    assert not torch.allclose(grad_q, through_grad_q, rtol=1e-2, atol=1e-3)
+
+
+def radial_fraction(x, grad):
+    """(rows,) |x . grad| / (|x| |grad|): the radial share of each row's gradient."""
+    return (x * grad).sum(-1).abs() / (x.norm(dim=-1) * grad.norm(dim=-1))
+
+
+def test_cosine_has_no_radial_gradient():
+    # eq. (8): the cosine objective only moves directions; the dot objective also moves norms
+    q, c, targets = random_batch("cos", 0.1, seed=3)
+    loss, _ = pace_loss(q, c, targets, "cos", 0.1, 2.0)
+    grad_q, grad_c = torch.autograd.grad(loss, (q, c))
+    assert radial_fraction(q, grad_q).max() < 1e-5
+    assert radial_fraction(c, grad_c).max() < 1e-5
+    q, c, targets = random_batch("dot", 100.0, seed=3)
+    loss, _ = pace_loss(q, c, targets, "dot", 100.0, 2.0)
+    grad_q, grad_c = torch.autograd.grad(loss, (q, c))
+    assert radial_fraction(q, grad_q).mean() > 0.05
+    assert radial_fraction(c, grad_c).mean() > 0.05
+
+
+def test_stats():
+    q, c, targets = random_batch("dot", 100.0, seed=4)
+    loss, stats = pace_loss(q, c, targets, "dot", 100.0, 2.0)
+    nll = F.cross_entropy(similarity_matrix(q, c, "dot") / 100.0, targets, reduction="none")
+    cos = similarity_matrix(q, c, "cos")
+    p = (cos / FOCAL_TEMPERATURE).softmax(-1).gather(1, targets[:, None]).squeeze(1)
+    positive = F.one_hot(targets, c.shape[0]).bool()
+    expected = {"loss": loss.item(), "pos_prob": torch.exp(-nll).mean().item(), "focal_confidence": p.mean().item(),
+                "query_norm": q.norm(dim=-1).mean().item(), "candidate_norm": c.norm(dim=-1).mean().item(),
+                "pos_cos": cos[positive].mean().item(), "neg_cos": cos[~positive].mean().item()}
+    for key, value in expected.items():
+        assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert all(isinstance(v, float) for v in stats.values())
+
+
+def test_bfloat16_inputs_give_float32_logits():
+    q, c, targets = random_batch("dot", 100.0, seed=5)
+    assert similarity_matrix(q.bfloat16(), c.bfloat16(), "dot").dtype == torch.float32
+    loss, _ = pace_loss(q.detach().bfloat16().requires_grad_(), c.detach().bfloat16(), targets, "dot", 100.0)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
+def test_bad_arguments_raise():
+    q, c, targets = random_batch("cos", 0.1, seed=6)
+    with pytest.raises(ValueError, match="similarity"):
+        pace_loss(q, c, targets, similarity="l2")
+    with pytest.raises(ValueError, match="q must be"):
+        pace_loss(q[0], c, targets)
+    with pytest.raises(ValueError, match="embedding size D"):
+        pace_loss(q, c[:, :-1], targets)
+    with pytest.raises(ValueError, match="targets must be"):
+        pace_loss(q, c, targets[:-1])
+    with pytest.raises(ValueError, match="targets must index"):
+        pace_loss(q, c, targets + c.shape[0])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_equal_one_process(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+               f"--master_port={free_port()}", str(REPO / "tests" / "dist_loss_check.py"), str(tmp_path)]
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    world = ranks[0]["world"]
+
+    # the same batch in one process: no process group here, so nothing is gathered
+    encoder = torch.nn.Linear(*ranks[0]["encoder_state"]["weight"].shape[::-1])
+    encoder.load_state_dict(ranks[0]["encoder_state"])
+    query_inputs, candidate_inputs = ranks[0]["query_inputs"], ranks[0]["candidate_inputs"]
+    queries_per_rank, candidates_per_rank = query_inputs.shape[1], candidate_inputs.shape[1]
+    targets = torch.cat([torch.arange(queries_per_rank) + r * candidates_per_rank for r in range(world)])
+    for (similarity, temperature, focal_gamma), case0 in ranks[0]["cases"].items():
+        cases = [rank["cases"][(similarity, temperature, focal_gamma)] for rank in ranks]
+        encoder.zero_grad()
+        q = encoder(query_inputs.flatten(0, 1))  # (world*Q, D)
+        c = encoder(candidate_inputs.flatten(0, 1))  # (world*M, D)
+        loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
+        loss.backward()
+        label = f"{similarity} tau={temperature} gamma={focal_gamma}"
+        # rank r returns world * its share of L, so the ranks' mean is L
+        assert sum(case["loss"] for case in cases) / world == pytest.approx(loss.item(), rel=1e-5), label
+        for case in cases:
+            for key, value in stats.items():  # every stat is global: the same on each rank as here
+                assert case["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (label, key)
+            for name, param in encoder.named_parameters():
+                assert torch.allclose(case["grads"][name], param.grad, rtol=1e-5, atol=1e-5), (label, name)
+        if focal_gamma > 0:
+            assert stats["weight_max"] / stats["weight_min"] > 1.5, label  # focal weights matter here
+    for rank in ranks:
+        assert "same candidate shape" in rank["mismatch_error"]
