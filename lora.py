@@ -118,3 +118,19 @@ def merge_lora(model: nn.Module) -> int:
         merged.train(lora.training)
         replace_module(model, name, merged)
     return len(names)
+
+
+
+@torch.no_grad()
+def merge_lora_state_dict(state_dict: dict, scale: float) -> dict:
+    """merge_lora on a consolidated state_dict (gathered from FSDP2 shards at export time): for every
+    `x.lora_A` / `x.lora_B` pair, `x.weight` becomes W + scale B A (float32 sum, W's dtype), the adapters
+    are dropped. scale = alpha / rank of the run. -> a new dict with the base model's keys."""
+    merged = {k: v for k, v in state_dict.items() if not k.endswith((".lora_A", ".lora_B"))}
+    for key in state_dict:
+        if key.endswith(".lora_A"):
+            prefix = key[:-len("lora_A")]
+            weight = state_dict[prefix + "weight"]
+            delta = state_dict[prefix + "lora_B"].float() @ state_dict[key].float()  # (out, r) @ (r, in)
+            merged[prefix + "weight"] = (weight.float() + scale * delta).to(weight.dtype)
+    return merged

@@ -187,3 +187,18 @@ def test_inject_refuses_bad_input():
     inject_lora(model, rank=4, alpha=8)
     with pytest.raises(RuntimeError, match='already'):
         inject_lora(model, rank=4, alpha=8)
+
+
+def test_merge_lora_state_dict_equals_module_merge():
+    from lora import merge_lora_state_dict
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential()
+    layer.language_model = torch.nn.Module()
+    layer.language_model.q_proj = torch.nn.Linear(8, 6)
+    inject_lora(layer, rank=2, alpha=6)
+    torch.nn.init.normal_(layer.language_model.q_proj.lora_B)
+    merged_dict = merge_lora_state_dict(layer.state_dict(), scale=6 / 2)
+    merge_lora(layer)
+    assert merged_dict.keys() == layer.state_dict().keys()
+    for key, value in layer.state_dict().items():
+        torch.testing.assert_close(merged_dict[key], value)

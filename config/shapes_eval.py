@@ -1,0 +1,16 @@
+# Evaluate a toy run on the shapes benchmark's ten datasets (Shapes-CLS ... Shapes-GRD-OOD), with geometry.
+#   python data/shapes/prepare.py && python train.py config/shapes_stage1.py && python train.py config/shapes_stage2.py
+#   python eval.py config/shapes_eval.py                                          # the Stage II export
+#   python eval.py config/shapes_eval.py --init_from=out/shapes_stage1/step_000100  # or any step folder
+# similarity is left '' so each checkpoint is ranked the way it was trained: cos for Stage I, dot for Stage II.
+init_from = "out/shapes_stage2/export"
+mmeb_dir = "data/shapes/eval"
+image_dir = "data/shapes/images"
+out = "out/shapes_eval.json"  # and out/shapes_eval_pca.png
+batch_size = 32
+max_pixels = 128 * 128  # as in training (config/shapes_stage1.py)
+max_length = 512
+geometry_samples = 1000  # the ten datasets' 100 queries each: every query
+dtype = "float32"
+device = "cpu"
+num_workers = 1

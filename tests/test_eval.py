@@ -1,0 +1,250 @@
+"""
+Tests of eval.py: Precision@1 on a dataset in the official MMEB layout (self-retrieval 100, a constant
+model 0 with every row tied), strict ties and padding by hand, the Table 8 arithmetic, one encode per
+distinct item, a run of main() on the toy benchmark with its geometry outputs, and two gloo ranks
+against one process.
+
+    python -m pytest -q tests/test_eval.py
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+import data
+import eval as evaluation
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "data" / "shapes"))
+from prepare import prepare  # noqa: E402
+
+TOY_DATASETS = ["Shapes-CLS", "Shapes-T2I-OOD"]  # one IND and one OOD, two meta tasks: fast
+
+
+def write_mmeb_dataset(folder, rows):
+    """rows: [(query, [gold, other candidates...])], each side (text, image path or '') -> a Parquet
+    file in the official MMEB-eval layout."""
+    os.makedirs(folder, exist_ok=True)
+    table = pa.table({"qry_text": [q[0] for q, _ in rows], "qry_img_path": [q[1] for q, _ in rows],
+                      "tgt_text": [[c[0] for c in cands] for _, cands in rows],
+                      "tgt_img_path": [[c[1] for c in cands] for _, cands in rows]})
+    pq.write_table(table, os.path.join(folder, "test.parquet"))
+
+
+def write_images(image_dir, count):
+    """count small, visibly different PNGs -> their paths relative to image_dir."""
+    os.makedirs(image_dir, exist_ok=True)
+    names = []
+    for k in range(count):
+        image = Image.new("RGB", (64, 64), (30 + 50 * k, 200 - 40 * k, 90))
+        ImageDraw.Draw(image).ellipse([4 * k, 8, 30 + 6 * k, 40], fill=(250 - 60 * k, 20 * k, 200))
+        names.append(f"img{k}.png")
+        image.save(os.path.join(image_dir, names[-1]))
+    return names
+
+
+# five distinct items: text only, image only (MMEB writes the marker), text with an image
+def distinct_sides(images):
+    return [("a small red circle at the top left", ""), ("<|image_1|>\nRepresent the given image.", images[0]),
+            ("<|image_1|>\nFind the caption that best describes this image.", images[1]),
+            ("two blue squares and a green star", ""), ("<|image_1|>\nWhat colour is the cross?", images[2])]
+
+
+@pytest.fixture
+def self_retrieval_rows(tmp_path):
+    """Row i: the query is item i, its gold is item i again, the other candidates the other items."""
+    image_dir = tmp_path / "images"
+    sides = distinct_sides(write_images(image_dir, 3))
+    rows = [(side, [side] + [other for other in sides if other != side]) for side in sides]
+    write_mmeb_dataset(tmp_path / "mmeb" / "Self", rows)
+    return data.read_mmeb_dataset(str(tmp_path / "mmeb" / "Self"), str(image_dir))
+
+
+def test_self_retrieval_scores_100_with_cosine(tiny_embedder, self_retrieval_rows):
+    result, _ = evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, "cos")
+    assert result["precision_at_1"] == 100.0 and result["ties"] == 0
+    assert result["num_queries"] == 5 and result["distinct_items"] == 5  # queries are their golds
+
+
+def test_constant_embedding_scores_0_with_every_row_tied(tiny_embedder, self_retrieval_rows, monkeypatch):
+    monkeypatch.setattr(tiny_embedder, "forward", lambda input_ids, **_: torch.ones(len(input_ids), tiny_embedder.dim))
+    for similarity in ("cos", "dot"):
+        result, _ = evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, similarity)
+        assert result["precision_at_1"] == 0.0
+        assert result["ties"] == result["num_queries"] == 5
+
+
+def test_precision_at_1_by_hand():
+    # 2-D embeddings; candidate 3 is long but points away from the queries
+    cand = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [10.0, 10.0]])
+    query = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    index = torch.tensor([[0, 1, 2, -1],  # gold cos 1 > 0.6 > 0: hit; -1 pads a shorter row
+                          [1, 1, 0, -1],  # the gold listed again among the others: a tie, not a hit
+                          [2, 0, 1, -1],  # cos 0.6 < 1: a miss, not a tie
+                          [1, 3, -1, -1]])  # cos: 1 > 0.71, hit; dot: 1 < 10, miss
+    assert evaluation.precision_at_1(query, cand, index, "cos") == (2, 1)
+    assert evaluation.precision_at_1(query, cand, index, "dot") == (1, 1)
+    scores = evaluation.candidate_scores(query, cand, index, "dot")
+    assert scores[3].tolist() == [1.0, 10.0, -float("inf"), -float("inf")]
+    assert evaluation.precision_at_1(query[:1], cand, index[:1, :1], "dot") == (1, 0)  # one candidate: a hit
+    with pytest.raises(ValueError, match="similarity"):
+        evaluation.precision_at_1(query, cand, index, "cosine")
+
+
+def test_aggregate_matches_table_8_arithmetic():
+    scores = {"ImageNet-1K": 50.0, "Place365": 30.0, "OK-VQA": 80.0, "Shapes-GRD-OOD": 10.0, "MyData": 20.0}
+    per_dataset = {}
+    for name, score in scores.items():
+        meta_task, split = evaluation.dataset_group(name)
+        per_dataset[name] = {"precision_at_1": score, "num_queries": 10, "ties": 0, "meta_task": meta_task, "split": split}
+    assert [per_dataset[n]["meta_task"] for n in scores] == ["Classification", "Classification", "VQA",
+                                                              "Visual Grounding", "Other"]
+    assert [per_dataset[n]["split"] for n in scores] == ["IND", "OOD", "IND", "OOD", "IND"]
+    summary = evaluation.aggregate(per_dataset)
+    assert summary["meta_tasks"] == {"Classification": 40.0, "VQA": 80.0, "Visual Grounding": 10.0, "Other": 20.0}
+    assert list(summary["meta_tasks"]) == ["Classification", "VQA", "Visual Grounding", "Other"]  # Table 8 order
+    assert summary["IND"] == pytest.approx((50 + 80 + 20) / 3)
+    assert summary["OOD"] == pytest.approx((30 + 10) / 2)
+    assert summary["overall"] == pytest.approx(190 / 5)  # over datasets, not over meta tasks
+    table = evaluation.format_table(per_dataset, summary)
+    assert "Place365*" in table and "ImageNet-1K*" not in table
+    assert [line.split()[-1] for line in table.splitlines() if line.startswith("All ")] == \
+        ["40.0", "80.0", "10.0", "20.0", "50.0", "20.0", "38.0"]
+    assert evaluation.dataset_group("Shapes-T2I") == ("Retrieval", "IND")
+    assert evaluation.dataset_group("VisualNews_i2t") == ("Retrieval", "IND")
+    assert evaluation.dataset_group("RefCOCO") == ("Visual Grounding", "OOD")
+
+
+def test_each_distinct_item_is_encoded_once(tiny_embedder, tmp_path, monkeypatch):
+    image_dir = tmp_path / "images"
+    a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
+    rows = [(a, [b, c, d]), (a, [b, d, c]), (b, [c, d, e]), (e, [b, c, d]), (d, [c, b, e]), (a, [c, b, d])]
+    write_mmeb_dataset(tmp_path / "mmeb" / "Shared", rows)
+    rows = data.read_mmeb_dataset(str(tmp_path / "mmeb" / "Shared"), str(image_dir))
+    encoded, forward = [], tiny_embedder.forward
+    monkeypatch.setattr(tiny_embedder, "forward", lambda **batch: encoded.append(batch["input_ids"]) or forward(**batch))
+    result, _ = evaluation.evaluate_dataset(tiny_embedder, rows, "dot", batch_size=2)
+    assert sum(len(ids) for ids in encoded) == 5  # 18 + 6 references, 5 distinct items
+    assert result["distinct_items"] == 5 and result["dedup_factor"] == pytest.approx(24 / 5)
+    assert len({tuple(ids[i].tolist()) for ids in encoded for i in range(len(ids))}) == 5  # never the same twice
+
+
+@pytest.fixture(scope="module")
+def toy_benchmark(tmp_path_factory):
+    """The smallest toy benchmark prepare() writes: 9 queries and 5 candidates per dataset."""
+    return prepare(str(tmp_path_factory.mktemp("shapes")), seed=0, num_train=45, num_eval=9, num_candidates=5)
+
+
+@pytest.fixture(scope="module")
+def dot_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint with a pace.json saying it was trained with the dot product."""
+    path = str(tmp_path_factory.mktemp("dot") / "export")
+    shutil.copytree(tiny_checkpoint, path)
+    with open(os.path.join(path, "pace.json"), "w") as f:
+        json.dump({"similarity": "dot"}, f)
+    return path
+
+
+def toy_args(checkpoint, toy_benchmark, out):
+    return ["config/shapes_eval.py", f"--init_from={checkpoint}", f"--mmeb_dir={toy_benchmark['eval']}",
+            f"--image_dir={toy_benchmark['images']}", f"--datasets={TOY_DATASETS!r}", f"--out={out}",
+            "--num_workers=0", "--device=cpu", "--geometry_samples=20"]
+
+
+@pytest.fixture(scope="module")
+def toy_run(dot_checkpoint, toy_benchmark, tmp_path_factory):
+    """main() in this process, --key=value style, on two toy datasets. -> (returned dict, JSON path)"""
+    out = str(tmp_path_factory.mktemp("eval") / "one.json")
+    return evaluation.main(toy_args(dot_checkpoint, toy_benchmark, out)), out
+
+
+def test_main_on_the_toy_benchmark_writes_table_and_geometry(toy_run, dot_checkpoint, toy_benchmark):
+    result, out = toy_run
+    with open(out) as f:
+        written = json.load(f)
+    assert written["similarity"] == "dot"  # from the checkpoint's pace.json, as PACE is evaluated
+    assert list(written["datasets"]) == TOY_DATASETS
+    cls, t2i = written["datasets"]["Shapes-CLS"], written["datasets"]["Shapes-T2I-OOD"]
+    assert (cls["meta_task"], cls["split"], t2i["meta_task"], t2i["split"]) == ("Classification", "IND", "Retrieval", "OOD")
+    for entry in (cls, t2i):
+        assert entry["num_queries"] == 9 and 0 <= entry["ties"] <= 9 and entry["dedup_factor"] > 1
+        assert entry["precision_at_1"] * 9 / 100 == pytest.approx(round(entry["precision_at_1"] * 9 / 100))
+    assert written["meta_tasks"] == {"Classification": cls["precision_at_1"], "Retrieval": t2i["precision_at_1"]}
+    assert (written["IND"], written["OOD"]) == (cls["precision_at_1"], t2i["precision_at_1"])
+    assert written["overall"] == pytest.approx((cls["precision_at_1"] + t2i["precision_at_1"]) / 2)
+
+    geometry = written["geometry"]
+    for key in ("norm_cos_pearson_r", "random_pair_mean_cos", "query_norm", "candidate_norm", "pca_explained_variance"):
+        assert key in geometry, key
+    assert geometry["num_matched_pairs"] == 18  # every evaluated query with its gold
+    # the random tiny model's final RMSNorm gives every embedding norm sqrt(D): r is undefined, not noise
+    assert geometry["norm_cos_pearson_r"] is None and geometry["query_norm"]["std"] < 1e-4
+    assert -1 <= geometry["random_pair_mean_cos"] <= 1
+    assert set(geometry["query_norm"]) == {"mean", "std", "min", "max"}
+    assert geometry["query_norm"]["min"] <= geometry["query_norm"]["mean"] <= geometry["query_norm"]["max"]
+    png = out[:-len(".json")] + "_pca.png"
+    assert geometry["pca_png"] == png
+    with Image.open(png) as image:
+        assert image.size == evaluation.PCA_IMAGE_SIZE and image.mode == "RGB"
+        colours = set(image.getdata())
+    assert evaluation.ramp(0.0) in colours and evaluation.ramp(1.0) in colours  # the colour bar's ends
+
+    # the same run again ranks by cosine when asked, and the arguments of the first run do not leak
+    args = toy_args(dot_checkpoint, toy_benchmark, out)[:-1] + ["--similarity=cos", "--geometry=False"]
+    again = evaluation.main([a for a in args if not a.startswith("--datasets=")] + ["--datasets=['Shapes-T2I-OOD']"])
+    assert again["similarity"] == "cos" and "geometry" not in again and list(again["datasets"]) == ["Shapes-T2I-OOD"]
+    assert again["config"]["geometry_samples"] == 1000  # config/shapes_eval.py's, not the 20 of the first run
+
+
+def test_geometry_by_hand(tmp_path):
+    # gold norms exp(3 (1 - cos)): the log norm product falls exactly linearly in cos(q, c+), r = -1
+    angles = torch.linspace(0, 1.2, 50)
+    directions = torch.stack([angles.cos(), angles.sin(), torch.zeros(50)], 1)  # (50, 3)
+    queries, golds = torch.tensor([1.0, 0.0, 0.0]).expand(50, 3) * 2, directions * (3 * (1 - angles.cos()[:, None])).exp()
+    sample = evaluation.geometry_sample(queries, golds, golds, 10, torch.Generator().manual_seed(0))
+    summary = evaluation.geometry([sample], str(tmp_path / "pca.png"))
+    assert summary["norm_cos_pearson_r"] == pytest.approx(-1.0, abs=1e-4)
+    constant = evaluation.geometry_sample(queries, 8 * directions, directions, 10, torch.Generator().manual_seed(0))
+    assert evaluation.geometry([constant])["norm_cos_pearson_r"] is None  # all norms equal: r undefined
+    assert summary["num_matched_pairs"] == 50 and summary["num_random_pairs"] == 100
+    pairs = torch.nn.functional.cosine_similarity(sample["queries"][:, None], sample["candidates"][None], dim=-1)
+    assert summary["random_pair_mean_cos"] == pytest.approx(pairs.mean().item(), abs=1e-6)
+    assert summary["query_norm"]["mean"] == pytest.approx(2.0) and summary["query_norm"]["std"] == pytest.approx(0)
+    assert Image.open(tmp_path / "pca.png").size == evaluation.PCA_IMAGE_SIZE
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_equal_one_process(toy_run, dot_checkpoint, toy_benchmark, tmp_path):
+    one, _ = toy_run
+    out = str(tmp_path / "two.json")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               "eval.py", *toy_args(dot_checkpoint, toy_benchmark, out)]
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    with open(out) as f:
+        two = json.load(f)
+    for name in TOY_DATASETS:  # every rank encoded half the distinct items: the same numbers
+        for key in ("precision_at_1", "num_queries", "ties", "distinct_items", "dedup_factor"):
+            assert two["datasets"][name][key] == one["datasets"][name][key], (name, key)
+    assert (two["IND"], two["OOD"], two["overall"]) == (one["IND"], one["OOD"], one["overall"])
+    for key in ("norm_cos_pearson_r", "random_pair_mean_cos"):
+        assert two["geometry"][key] == pytest.approx(one["geometry"][key], abs=1e-4)
+    assert run.stdout.count("wrote ") == 1  # rank 0 alone prints and writes
+    assert "encoded 16/16 items" in run.stdout  # rank 0's share of Shapes-CLS's 31 distinct items
