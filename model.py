@@ -315,6 +315,71 @@ class Embedder(nn.Module):
         return out
 
 
+# -----------------------------------------------------------------------------
+# checkpoints: Hugging Face folders (releases, export/) and training step folders
+
+CHECKPOINT_INFO = "pace.json"  # beside the weights: how the model was trained (similarity, LoRA, step)
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                 "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                 "preprocessor_config.json", "video_preprocessor_config.json")
+
+
+def read_checkpoint_info(path):
+    """The pace.json of an export/ or step folder ({} for a plain release)."""
+    info_path = os.path.join(path, CHECKPOINT_INFO)
+    if not os.path.isfile(info_path):
+        return {}
+    with open(info_path) as f:
+        return json.load(f)
+
+
+def load_embedder(path, dtype=torch.float32, **preprocessor_args):
+    """Any checkpoint this project meets -> (Embedder, info).
+    - a Hugging Face folder (a release or an export/): loaded as is;
+    - a training step folder (out_dir/step_NNNNNN, written by train.py): the backbone it names is
+      loaded, LoRA adapters are injected if that run trained them, and the sharded weights are read
+      with torch.distributed.checkpoint (one process or all ranks alike)."""
+    path = os.fspath(path)
+    info = read_checkpoint_info(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return Embedder.from_pretrained(path, dtype, **preprocessor_args), info
+    if not info or not os.path.isfile(os.path.join(path, ".metadata")):
+        raise FileNotFoundError(f"{path!r} is neither a Hugging Face folder (config.json) nor a training step folder "
+                                f"({CHECKPOINT_INFO} and .metadata)")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    embedder = Embedder.from_pretrained(info["backbone"], dtype, **preprocessor_args)
+    if info.get("lora_rank", 0) > 0:
+        from lora import inject_lora
+        inject_lora(embedder.model, info["lora_rank"], info["lora_alpha"])
+    state = {"model": get_model_state_dict(embedder)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(embedder, state["model"])
+    return embedder, info
+
+
+def save_hf_folder(state_dict, backbone, out_dir, info):
+    """Write a consolidated Embedder state_dict (keys "model.visual...", "model.language_model..."; LoRA
+    already merged) as a Hugging Face folder in the release layout, so both Embedder.from_pretrained and
+    plain transformers (Qwen3_5ForConditionalGeneration) load it. Atomic: written aside, then renamed."""
+    import shutil
+    from safetensors.torch import save_file
+    if any("lora_" in key for key in state_dict):
+        raise ValueError("merge the LoRA adapters (lora.merge_lora) before saving a Hugging Face folder")
+    tmp_dir = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    os.makedirs(tmp_dir)
+    for name in HF_SIDE_FILES:
+        if os.path.isfile(os.path.join(backbone, name)):
+            shutil.copy(os.path.join(backbone, name), tmp_dir)
+    tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
+    save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp_dir, CHECKPOINT_INFO), "w") as f:
+        json.dump(info, f, indent=2)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp_dir, out_dir)
+
+
 def _item(index, item):
     """Validate one encode() item -> (text, image), naming the item on error."""
     if not isinstance(item, dict) or not ({"text", "image"} & set(item)):
