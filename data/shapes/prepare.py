@@ -1,0 +1,283 @@
+"""
+The toy benchmark: rendered shapes in the two layouts PACE reads, small enough for a laptop.
+
+    python data/shapes/prepare.py                                   # writes under data/shapes/
+    python data/shapes/prepare.py --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
+
+Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
+same seed. A scene is a 96 x 96 picture of one to three objects, each a colour (6), a shape (5), a
+size (small, large) and a cell of a 3 x 3 grid. Six colour-shape combinations (UNSEEN) never appear
+in training, neither drawn nor named: the OOD datasets ask about exactly those.
+
+Written under out_dir (git-ignored):
+- train.jsonl: MMEB-train / mmE5 rows (qry, qry_image_path, pos_text, pos_image_path, neg_text,
+  neg_image_path), the five task formats mixed. Rows carry 2 to 8 hard negatives (mostly 5), on
+  purpose, so data.py's fill/cut rule runs on the demo too.
+- eval/<Dataset>/test.parquet: MMEB-eval rows (qry_text, qry_img_path, tgt_text, tgt_img_path),
+  candidate 0 the gold one; ten datasets: Shapes-{CLS, VQA, T2I, I2T, GRD} (in distribution) and
+  the same five with -OOD (their gold answer involves an unseen combination).
+- images/: every image; the paths in both files are relative to it.
+- tiny-qwen3.5/: the command line also writes the tiny random Qwen3.5 that config/shapes_*.py start
+  from (model.make_tiny_checkpoint; this step needs torch and transformers; --no-tiny_checkpoint skips it).
+
+Queries carry the paper's task instructions (Table 5); grounding, absent from Table 5, uses MMEB's.
+
+    from data import load_train_rows, read_mmeb_dataset
+    rows = load_train_rows("data/shapes/train.jsonl", "data/shapes/images", num_hard_negatives=5)
+    cls = read_mmeb_dataset("data/shapes/eval/Shapes-CLS", "data/shapes/images")
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image, ImageDraw
+
+COLOURS = {"red": (220, 50, 47), "green": (50, 160, 60), "blue": (40, 90, 220), "yellow": (235, 195, 30),
+           "purple": (140, 70, 190), "orange": (245, 130, 30)}
+SHAPES = ("circle", "square", "triangle", "diamond", "cross")
+SIZES = {"small": 0.24, "large": 0.42}  # radius as a fraction of a cell
+CELLS = ("top left", "top middle", "top right", "middle left", "center", "middle right",
+         "bottom left", "bottom middle", "bottom right")  # a 3 x 3 grid, row by row
+UNSEEN = {(colour, SHAPES[i % len(SHAPES)]) for i, colour in enumerate(COLOURS)}  # held out of training
+SEEN = [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in UNSEEN]
+ALL_COMBOS = [(c, s) for c in COLOURS for s in SHAPES]
+BACKGROUND = (242, 242, 242)
+
+QUESTION = "Represent the given image to answer the following question."  # Table 5: VQA, classification
+TEXT_TO_IMAGE = "Retrieve an image that best matches the following description."  # Table 5
+IMAGE_TO_TEXT = "Find the caption that best describes this image."  # Table 5
+GROUNDING = "Select the portion of the image that isolates the object of the given label:"  # MMEB's
+IMAGE_CANDIDATE = "<|image_1|>\nRepresent the given image."  # MMEB's text for an image candidate
+CROP_CANDIDATE = "<|image_1|>\nRepresent the given cropped image of the object."
+TASKS = ("CLS", "VQA", "T2I", "I2T", "GRD")
+
+
+# -----------------------------------------------------------------------------
+# scenes: a scene is a tuple of objects (colour, shape, size, cell), sorted by cell
+
+def random_scene(rng, num_objects, unseen_target):
+    """Objects of distinct colours, shapes and cells, so every question has one answer. Object 0 (the
+    target) is an UNSEEN combination when unseen_target, otherwise every object is SEEN.
+    -> (scene, target)"""
+    while True:
+        colours = rng.sample(list(COLOURS), num_objects)
+        shapes = rng.sample(SHAPES, num_objects)
+        combos = list(zip(colours, shapes))
+        if (combos[0] in UNSEEN) == unseen_target and all(c not in UNSEEN for c in combos[1:]):
+            break
+    cells = rng.sample(range(len(CELLS)), num_objects)
+    objects = [(c, s, rng.choice(list(SIZES)), cell) for (c, s), cell in zip(combos, cells)]
+    target = objects[0]
+    return tuple(sorted(objects, key=lambda o: o[3])), target
+
+
+def caption(scene):
+    parts = [f"a {size} {colour} {shape} at the {CELLS[cell]}" for colour, shape, size, cell in scene]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def perturbed_captions(rng, scene, allowed_combos):
+    """Captions of scenes that differ from `scene` in one attribute of one object: hard negatives."""
+    out = set()
+    for index, (colour, shape, size, cell) in enumerate(scene):
+        others = [o for k, o in enumerate(scene) if k != index]
+        used_cells = {o[3] for o in others}
+        changes = [(c, shape, size, cell) for c in COLOURS if c != colour]
+        changes += [(colour, s, size, cell) for s in SHAPES if s != shape]
+        changes += [(colour, shape, z, cell) for z in SIZES if z != size]
+        changes += [(colour, shape, size, k) for k in range(len(CELLS)) if k != cell and k not in used_cells]
+        for new in changes:
+            if (new[0], new[1]) in allowed_combos and all((new[0], new[1]) != (o[0], o[1]) for o in others):
+                out.add(caption(sorted(others + [new], key=lambda o: o[3])))
+    out = sorted(out)
+    rng.shuffle(out)
+    return out
+
+
+def cell_box(cell, image_size):
+    row, col = divmod(cell, 3)
+    side = image_size / 3
+    return round(col * side), round(row * side), round((col + 1) * side), round((row + 1) * side)
+
+
+def render(scene, rng, image_size):
+    image = Image.new("RGB", (image_size, image_size), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    side = image_size / 3
+    for colour, shape, size, cell in scene:
+        row, col = divmod(cell, 3)
+        radius = SIZES[size] * side
+        jitter = (0.5 - SIZES[size] - 0.02) * side  # the object stays inside its cell
+        x = (col + 0.5) * side + rng.uniform(-jitter, jitter)
+        y = (row + 0.5) * side + rng.uniform(-jitter, jitter)
+        fill = COLOURS[colour]
+        if shape == "circle":
+            draw.ellipse([x - radius, y - radius, x + radius, y + radius], fill=fill)
+        elif shape == "square":
+            r = radius * 0.85
+            draw.rectangle([x - r, y - r, x + r, y + r], fill=fill)
+        elif shape == "triangle":
+            draw.polygon([(x, y - radius), (x - radius, y + radius * 0.8), (x + radius, y + radius * 0.8)], fill=fill)
+        elif shape == "diamond":
+            draw.polygon([(x, y - radius), (x + radius, y), (x, y + radius), (x - radius, y)], fill=fill)
+        else:  # cross
+            arm = radius * 0.35
+            draw.rectangle([x - radius, y - arm, x + radius, y + arm], fill=fill)
+            draw.rectangle([x - arm, y - radius, x + arm, y + radius], fill=fill)
+    return image
+
+
+# -----------------------------------------------------------------------------
+# examples: (query (text, image), gold (text, image), hard negatives [(text, image), ...])
+
+def label(obj):
+    return f"{obj[0]} {obj[1]}"
+
+
+def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_hard):
+    """`count` examples of one task format, each with num_hard hard negatives, hardest first; images
+    saved under image_dir/folder."""
+    os.makedirs(os.path.join(image_dir, folder), exist_ok=True)
+    allowed = set(ALL_COMBOS) if unseen else set(SEEN)
+    scenes = []
+    for i in range(count):
+        scene, target = random_scene(rng, 1 if task == "CLS" else rng.randint(2, 3), unseen)
+        image = render(scene, rng, image_size)
+        path = f"{folder}/{i:05d}.png"
+        image.save(os.path.join(image_dir, path), compress_level=1)
+        crops = {}
+        if task == "GRD":  # the cell of each object, a candidate of the grounding task
+            for obj in scene:
+                crops[obj] = f"{folder}/{i:05d}_{obj[3]}.png"
+                image.crop(cell_box(obj[3], image_size)).save(os.path.join(image_dir, crops[obj]), compress_level=1)
+        scenes.append((scene, target, path, crops, caption(scene), {o[:2] for o in scene}))
+
+    def shuffled(items):
+        items = list(items)
+        rng.shuffle(items)
+        return items
+
+    examples = []
+    for i, (scene, target, path, crops, text, combos) in enumerate(scenes):
+        colour, shape, size, cell = target
+        if task == "CLS":
+            query = (f"<|image_1|>\n{QUESTION} What colour and shape is the object?", path)
+            gold = (label(target), "")
+            others = [c for c in sorted(allowed) if c != target[:2]]
+            near = [c for c in others if c[0] == colour or c[1] == shape]  # one attribute right
+            hard = [(f"{c} {s}", "") for c, s in shuffled(near) + shuffled(c for c in others if c not in near)]
+        elif task == "VQA":
+            kind = rng.choice(["colour", "shape", "where"])
+            question, answer, options = {
+                "colour": (f"What colour is the {shape}?", colour, list(COLOURS)),
+                "shape": (f"What shape is the {colour} object?", shape, list(SHAPES)),
+                "where": (f"Where is the {colour} {shape}?", CELLS[cell], list(CELLS))}[kind]
+            query = (f"<|image_1|>\n{QUESTION} {question}", path)
+            gold = (answer, "")
+            rest = set(COLOURS) | set(SHAPES) | set(CELLS)
+            hard = [(option, "") for option in shuffled(o for o in options if o != answer)
+                    + shuffled(sorted(rest - set(options)))]  # answers of the asked kind first
+        elif task == "T2I":
+            query = (f"{TEXT_TO_IMAGE} {text}", "")
+            gold = (IMAGE_CANDIDATE, path)
+            # other scenes, those sharing the most colour-shape pairs first (ties in random order)
+            others = shuffled(k for k in range(count) if scenes[k][4] != text)
+            others.sort(key=lambda k: -len(scenes[k][5] & combos))
+            hard = [(IMAGE_CANDIDATE, scenes[k][2]) for k in others]
+        elif task == "I2T":
+            query = (f"<|image_1|>\n{IMAGE_TO_TEXT}", path)
+            gold = (text, "")
+            hard = [(t, "") for t in perturbed_captions(rng, scene, allowed)]
+        else:  # GRD: the target's crop; the other objects' crops, then crops of other scenes
+            query = (f"<|image_1|>\n{GROUNDING} {label(target)}", path)
+            gold = (CROP_CANDIDATE, crops[target])
+            hard = [(CROP_CANDIDATE, crops[obj]) for obj in scene if obj != target]
+            for k in shuffled(k for k in range(count) if k != i):
+                hard += [(CROP_CANDIDATE, crop) for obj, crop in scenes[k][3].items() if obj[:2] != target[:2]]
+                if len(hard) >= num_hard:
+                    break
+        if len(hard) < num_hard:
+            raise ValueError(f"{folder}: {len(hard)} distinct negatives for an example, {num_hard} needed; "
+                             "raise num_train / num_eval or lower num_candidates")
+        examples.append((query, gold, hard[:num_hard]))
+    return examples
+
+
+# -----------------------------------------------------------------------------
+# the two layouts
+
+def write_train(path, rng, examples):
+    """MMEB-train rows; the number of hard negatives varies (2-8, mostly 5) so the fill/cut rule runs."""
+    with open(path, "w", encoding="utf-8") as f:
+        for (query, gold, hard) in examples:
+            count = rng.choice([5] * 6 + [2, 3, 4, 6, 7, 8])
+            negatives = hard[:count]
+            f.write(json.dumps({"qry": query[0], "qry_image_path": query[1], "pos_text": gold[0],
+                                "pos_image_path": gold[1], "neg_text": [n[0] for n in negatives],
+                                "neg_image_path": [n[1] for n in negatives]}) + "\n")
+
+
+def write_eval(path, examples, num_candidates):
+    """MMEB-eval rows: the gold candidate first, then num_candidates - 1 hard negatives."""
+    columns = {"qry_text": [], "qry_img_path": [], "tgt_text": [], "tgt_img_path": []}
+    for query, gold, hard in examples:
+        candidates = [gold] + hard[:num_candidates - 1]
+        columns["qry_text"].append(query[0])
+        columns["qry_img_path"].append(query[1])
+        columns["tgt_text"].append([c[0] for c in candidates])
+        columns["tgt_img_path"].append([c[1] for c in candidates])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+
+
+def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, image_size=96):
+    """Write the benchmark under out_dir. -> {"train": train.jsonl, "eval": eval dir, "images": image dir}"""
+    image_dir, eval_dir = os.path.join(out_dir, "images"), os.path.join(out_dir, "eval")
+    num_hard = max(8, num_candidates - 1)  # training rows take up to 8
+    if num_train < len(TASKS) * (num_hard + 1) or num_eval < num_hard + 1:
+        raise ValueError(f"num_train must be at least {len(TASKS) * (num_hard + 1)} and num_eval at least "
+                         f"{num_hard + 1}: a task's hard negatives come from its other scenes")
+    for stale in (image_dir, eval_dir):  # only what this script writes
+        shutil.rmtree(stale, ignore_errors=True)
+    os.makedirs(out_dir, exist_ok=True)
+
+    train = []
+    for k, task in enumerate(TASKS):
+        count = num_train // len(TASKS) + (k < num_train % len(TASKS))
+        rng = random.Random(f"{seed}/train/{task}")
+        train += make_examples(task, rng, count, False, f"train/{task}", image_dir, image_size, num_hard)
+    write_train(os.path.join(out_dir, "train.jsonl"), random.Random(f"{seed}/train"), train)
+
+    for task in TASKS:
+        for unseen in (False, True):
+            name = f"Shapes-{task}" + ("-OOD" if unseen else "")
+            rng = random.Random(f"{seed}/{name}")
+            examples = make_examples(task, rng, num_eval, unseen, name, image_dir, image_size, num_hard)
+            write_eval(os.path.join(eval_dir, name, "test.parquet"), examples, num_candidates)
+    return {"train": os.path.join(out_dir, "train.jsonl"), "eval": eval_dir, "images": image_dir}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)), help="default: this folder")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num_train", type=int, default=2000, help="training rows, over the five task formats")
+    parser.add_argument("--num_eval", type=int, default=100, help="queries per evaluation dataset")
+    parser.add_argument("--num_candidates", type=int, default=10, help="candidates per evaluation query")
+    parser.add_argument("--image_size", type=int, default=96, help="pixels; 96 = a 3 x 3 grid of 32-pixel cells")
+    parser.add_argument("--tiny_checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                        help="also write out_dir/tiny-qwen3.5, the model config/shapes_*.py start from")
+    args = parser.parse_args()
+    paths = prepare(args.out_dir, args.seed, args.num_train, args.num_eval, args.num_candidates, args.image_size)
+    print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets) and {paths['images']}/")
+    if args.tiny_checkpoint:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        from model import make_tiny_checkpoint  # model.py sits at the repository root
+        print(f"wrote {make_tiny_checkpoint(os.path.join(args.out_dir, 'tiny-qwen3.5'), seed=args.seed)}")

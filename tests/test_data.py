@@ -1,0 +1,442 @@
+"""
+Tests of data.py and data/shapes/prepare.py: the negatives encodings, the <|image_1|> marker, the
+fill/cut rule, the sharded and resumable sampler (through DataLoader worker processes), length-sorted
+batches and their targets, the MMEB reader on the official layout, every bad-input case, and the toy
+benchmark read by both readers.
+
+    python -m pytest -q tests/test_data.py
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+
+from data import (MMEB_DATASETS, ShardedBatchSampler, TrainDataset, collate_train, find_mmeb_datasets,
+                  load_train_rows, padding_share, read_mmeb_dataset, split_by_length)
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPES_SIZES = dict(num_train=50, num_eval=10)  # the smallest prepare() allows
+
+
+def load_prepare():
+    spec = importlib.util.spec_from_file_location("shapes_prepare", REPO / "data" / "shapes" / "prepare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+prepare_module = load_prepare()
+
+
+@pytest.fixture(scope="session")
+def preprocessor(tiny_checkpoint):  # tiny_checkpoint: tests/conftest.py
+    from model import Preprocessor
+    return Preprocessor.from_pretrained(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory):
+    return prepare_module.prepare(str(tmp_path_factory.mktemp("shapes")), seed=0, **SHAPES_SIZES)
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def save_image(path, size=(40, 30), colour=(200, 30, 30), mode="RGB"):
+    Image.new("RGB", size, colour).convert(mode).save(path)
+    return path.name
+
+
+def record(i, **fields):
+    """A valid text-only MMEB-train record with distinct texts."""
+    return {"qry": f"query {i}", "qry_image_path": "", "pos_text": f"positive {i}", "pos_image_path": "",
+            "neg_text": [f"negative {i}.{k}" for k in range(5)], "neg_image_path": "", **fields}
+
+
+def texts(sides):
+    return [s["text"] for s in sides]
+
+
+# -----------------------------------------------------------------------------
+# training rows
+
+def test_negative_encodings(tmp_path):
+    save_image(tmp_path / "n.png")
+    records = [
+        record(0, neg_text=["a", "b"], neg_image_path=["n.png", ""]),  # lists
+        record(1, neg_text="['c', 'd']", neg_image_path="['n.png', '']"),  # Python list in a string (mmE5)
+        record(2, neg_text='["e", "f"]', neg_image_path=None),  # JSON list in a string
+        record(3, neg_text="g", neg_image_path=""),  # one string: one negative
+        record(4, neg_text=[], neg_image_path=["n.png", "n.png"]),  # image-only negatives
+    ]
+    jsonl = write_jsonl(tmp_path / "train.jsonl", records)
+    parquet = str(tmp_path / "train.parquet")  # the same rows as Parquet, negatives as strings
+    as_strings = [dict(r, neg_text=json.dumps(r["neg_text"]) if isinstance(r["neg_text"], list) else r["neg_text"],
+                       neg_image_path=str(r["neg_image_path"] or "")) for r in records]
+    pq.write_table(pa.Table.from_pylist(as_strings), parquet)
+    image = str(tmp_path / "n.png")
+    for path in (jsonl, parquet):
+        rows = load_train_rows(path, str(tmp_path), num_hard_negatives=2, seed=0)
+        assert [r["candidates"][1:] for r in rows[:3]] == [
+            [{"text": "a", "image": image}, {"text": "b", "image": None}],
+            [{"text": "c", "image": image}, {"text": "d", "image": None}],
+            [{"text": "e", "image": None}, {"text": "f", "image": None}]]
+        assert rows[3]["candidates"][1] == {"text": "g", "image": None}  # the second one is filled
+        assert rows[4]["candidates"][1:] == [{"text": "", "image": image}] * 2
+        assert rows[0]["query"] == {"text": "query 0", "image": None}
+
+
+def test_fill_and_cut(tmp_path):
+    counts = [0, 1, 2, 5, 8, 3, 0, 7, 4, 6] * 3
+    records = [record(i, neg_text=[f"negative {i}.{k}" for k in range(n)]) for i, n in enumerate(counts)]
+    for r in records[:10]:
+        r["pos_text"] = "shared label"  # like a class label: must never come back as a negative
+    main = write_jsonl(tmp_path / "main.jsonl", records)
+    other = write_jsonl(tmp_path / "other.jsonl", [record(i, pos_text=f"other {i}") for i in range(5)])
+    rows = load_train_rows([main, (other, 3)], str(tmp_path), num_hard_negatives=5, seed=0)
+    assert len(rows) == 30 + 3  # (path, max_rows) caps the second file
+    for i, n in enumerate(counts):
+        candidates = texts(rows[i]["candidates"])
+        own = [f"negative {i}.{k}" for k in range(n)]
+        assert len(candidates) == 6 and len(set(candidates)) == 6
+        assert candidates[1:1 + min(n, 5)] == own[:5]  # cut keeps the first five
+        filled = candidates[1 + min(n, 5):]
+        assert candidates[0] not in filled and (i >= 10 or "shared label" not in filled)
+        assert not any(t.startswith("other") for t in filled)  # from the same file only
+        assert all(not t.startswith(f"negative {i}.") for t in filled)
+        assert len(rows[i].get("filled", {})) == len(filled)
+    again = load_train_rows([main, (other, 3)], str(tmp_path), num_hard_negatives=5, seed=0)
+    reseeded = load_train_rows([main, (other, 3)], str(tmp_path), num_hard_negatives=5, seed=1)
+    assert [r["candidates"] for r in again] == [r["candidates"] for r in rows]  # deterministic
+    assert [r["candidates"] for r in reseeded] != [r["candidates"] for r in rows]
+
+    lonely = write_jsonl(tmp_path / "lonely.jsonl", [record(0, neg_text=[])])
+    with pytest.raises(ValueError, match="cannot fill"):
+        load_train_rows(lonely, str(tmp_path), num_hard_negatives=2)
+
+
+def test_image_marker_never_reaches_the_tokens(tmp_path, preprocessor):
+    save_image(tmp_path / "q.png", size=(64, 64))
+    rows = load_train_rows(write_jsonl(tmp_path / "t.jsonl", [
+        record(0, qry="<|image_1|>\nWhat colour is it?", qry_image_path="q.png",
+               pos_text="<|image_1|> red", neg_text=["<|image_1|>\nRepresent the given image."],
+               neg_image_path=["q.png"])]), str(tmp_path), num_hard_negatives=1)
+    item = TrainDataset(rows, preprocessor)[0]
+    decode = preprocessor.tokenizer.decode
+    query, positive, negative = item["query"], *item["candidates"]
+    for feature in (query, positive, negative):
+        assert "image_1" not in decode(feature["input_ids"])
+    image_pad = preprocessor.image_pad_id
+    assert (query["input_ids"] == image_pad).sum() > 0 and (negative["input_ids"] == image_pad).sum() > 0
+    assert (positive["input_ids"] == image_pad).sum() == 0 and "pixel_values" not in positive  # marker dropped
+    text = decode(query["input_ids"])
+    assert text.index("<|vision_end|>") < text.index("What colour is it?")  # the image where the marker was
+
+
+def test_images_become_rgb_within_the_pixel_budget(tmp_path, tiny_checkpoint):
+    from model import Preprocessor
+    max_pixels = 96 * 96
+    preprocessor = Preprocessor.from_pretrained(tiny_checkpoint, max_pixels=max_pixels)
+    for k, mode in enumerate(["RGBA", "L", "P", "CMYK"]):
+        save_image(tmp_path / f"{k}.{'jpg' if mode == 'CMYK' else 'png'}", size=(300, 200), mode=mode)
+    records = [record(k, qry_image_path=f"{k}.{'jpg' if k == 3 else 'png'}") for k in range(4)]
+    dataset = TrainDataset(load_train_rows(write_jsonl(tmp_path / "t.jsonl", records), str(tmp_path), 1), preprocessor)
+    for k in range(4):
+        query = dataset[k]["query"]
+        _, grid_h, grid_w = query["image_grid_thw"][0].tolist()  # in 16-pixel patches
+        assert grid_h * grid_w * 16 * 16 <= max_pixels and grid_h % 2 == 0 and grid_w % 2 == 0
+        assert grid_w > grid_h  # landscape stays landscape
+        assert query["pixel_values"].shape == (grid_h * grid_w, 3 * 2 * 16 * 16)  # three channels
+
+
+# -----------------------------------------------------------------------------
+# the sampler
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_sampler_gives_each_row_to_one_rank_per_epoch(world_size):
+    num_rows, batch_size = 48, 8
+    samplers = [ShardedBatchSampler(num_rows, batch_size, rank, world_size, seed=3) for rank in range(world_size)]
+    single = iter(ShardedBatchSampler(num_rows, batch_size, seed=3))
+    iterators = [iter(s) for s in samplers]
+    epochs = []
+    for epoch in range(2):
+        seen = []
+        for _ in range(num_rows // batch_size):
+            shares = [next(it) for it in iterators]
+            assert all(len(share) == batch_size // world_size for share in shares)
+            assert sum(shares, []) == next(single)  # global batches do not depend on world_size
+            seen += sum(shares, [])
+        assert sorted(seen) == list(range(num_rows))
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]  # a fresh permutation per epoch
+
+    partial = iter(ShardedBatchSampler(50, batch_size, seed=3))
+    seen = sum((next(partial) for _ in range(50 // batch_size)), [])
+    assert len(seen) == 48 and len(set(seen)) == 48  # the partial batch is dropped
+
+
+class RowIndices(torch.utils.data.Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return i
+
+
+def batches_of(sampler, count, num_workers=2):
+    loader = torch.utils.data.DataLoader(RowIndices(), batch_sampler=sampler, num_workers=num_workers,
+                                         collate_fn=list)
+    out = []
+    for batch in loader:
+        out.append(batch)
+        sampler.position += 1  # consumed: the loop, not the prefetching workers, moves the position
+        if len(out) == count:
+            break
+    return out
+
+
+def test_sampler_resumes_the_identical_sequence_through_dataloader_workers():
+    def sampler():
+        return ShardedBatchSampler(20, 4, rank=1, world_size=2, seed=7)  # 5 batches an epoch
+    straight = batches_of(sampler(), 13)
+    first = sampler()
+    before = batches_of(first, 7)  # workers have prefetched past batch 7 by now
+    state = json.loads(json.dumps(first.state_dict()))  # survives a checkpoint round trip
+    assert (state["position"], state["epoch"], state["index"]) == (7, 1, 2)
+    resumed = sampler()
+    resumed.load_state_dict(state)
+    assert before + batches_of(resumed, 6) == straight  # crosses into the third epoch too
+    with pytest.raises(ValueError, match="seed"):
+        ShardedBatchSampler(20, 4, rank=1, world_size=2, seed=8).load_state_dict(state)
+
+
+# -----------------------------------------------------------------------------
+# batches
+
+def test_split_by_length():
+    lengths = [5, 100, 7, 90, 3, 60, 60]
+    chunks = split_by_length(lengths, max_tokens=200)
+    assert sorted(sum(chunks, [])) == list(range(7))
+    order = sum(chunks, [])
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    assert all(max(lengths[i] for i in c) * len(c) <= 200 for c in chunks)
+    assert split_by_length(lengths) == [order]  # no limit: one chunk
+    assert all(len(c) <= 2 for c in split_by_length(lengths, max_items=2))
+    assert sum(split_by_length(lengths, max_tokens=200, sort=False), []) == list(range(7))
+    assert split_by_length([500, 10], max_tokens=100) == [[0], [1]]  # too long: alone
+
+
+def unpadded(chunks):
+    """The rows of a list of collated chunks, padding removed, in order."""
+    return [chunk["input_ids"][r, :int(chunk["attention_mask"][r].sum())]
+            for chunk in chunks for r in range(len(chunk["input_ids"]))]
+
+
+def test_collated_batches_put_each_positive_at_its_target(shapes, preprocessor):
+    num_negatives, max_tokens = 3, 160
+    rows = load_train_rows(shapes["train"], shapes["images"], num_negatives, seed=0)
+    dataset = TrainDataset(rows, preprocessor)
+    sampler = ShardedBatchSampler(len(dataset), batch_size=8, rank=0, world_size=2, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
+                                         collate_fn=collate_train(preprocessor, max_tokens=max_tokens))
+    batch = next(iter(loader))
+    n = 4
+    queries, candidates = unpadded(batch["query"]), unpadded(batch["candidate"])
+    assert len(queries) == n and len(candidates) == n * (1 + num_negatives)
+    assert [len(q) for q in queries] == sorted((len(q) for q in queries), reverse=True)
+    for chunk in batch["query"] + batch["candidate"]:
+        assert chunk["input_ids"].numel() <= max_tokens or len(chunk["input_ids"]) == 1
+    assert sorted(batch["rows"].tolist()) == sorted(next(iter(sampler)))
+    for i, row in enumerate(batch["rows"].tolist()):
+        sides = rows[row]
+        assert torch.equal(queries[i], preprocessor(sides["query"]["text"], sides["query"]["image"])["input_ids"])
+        for k, side in enumerate(sides["candidates"]):
+            ids = preprocessor(side["text"], side["image"])["input_ids"]
+            if k == 0:
+                assert torch.equal(candidates[batch["targets"][i]], ids)  # the positive at its target
+            else:
+                assert any(torch.equal(c, ids) for c in candidates)  # every hard negative is in the batch
+    items = [dataset[i] for i in range(16)]
+    share = {sort: padding_share([collate_train(preprocessor, max_tokens, sort_by_length=sort)(items)])
+             for sort in (True, False)}
+    assert 0 <= share[True] < share[False]
+
+
+# -----------------------------------------------------------------------------
+# bad input
+
+GOOD = dict(qry="<|image_1|> a query", qry_image_path="ok.png")
+BAD_ROWS = {  # name: (fields of the bad row, the field the error names)
+    "missing image": (dict(qry_image_path="missing.png"), "qry_image_path"),
+    "missing column": (dict(pos_text=None), "pos_text"),
+    "empty query": (dict(qry="<|image_1|>", qry_image_path=""), "qry"),
+    "unparsable negatives": (dict(neg_text="['a', 'b'"), "neg_text"),
+    "negatives mismatch": (dict(neg_text=["a", "b"], neg_image_path=["ok.png"]), "neg_image_path"),
+}
+
+
+def bad_train_file(tmp_path, fields):
+    save_image(tmp_path / "ok.png")
+    records = [record(i, **GOOD) for i in range(6)]
+    records[2].update(fields)
+    if fields.get("pos_text", "") is None:
+        del records[2]["pos_text"]
+    return write_jsonl(tmp_path / "bad.jsonl", records)
+
+
+@pytest.mark.parametrize("case", [c for c in BAD_ROWS if c != "missing image"])
+def test_bad_training_rows_raise_naming_file_row_and_field(tmp_path, case):
+    fields, field = BAD_ROWS[case]
+    path = bad_train_file(tmp_path, fields)
+    with pytest.raises(ValueError) as error:
+        load_train_rows(path, str(tmp_path), num_hard_negatives=2)
+    assert path in str(error.value) and "line 3" in str(error.value) and repr(field) in str(error.value)
+
+
+@pytest.mark.parametrize("case", list(BAD_ROWS))
+def test_bad_training_rows_are_skipped_and_counted(tmp_path, case, capsys):
+    path = bad_train_file(tmp_path, BAD_ROWS[case][0])
+    rows = load_train_rows(path, str(tmp_path), num_hard_negatives=2, skip_bad_rows=True)
+    assert len(rows) == 5 and rows.skipped == 1
+    assert "query 2" not in [r["query"]["text"] for r in rows]
+    assert "skipped 1 bad rows" in capsys.readouterr().out
+
+
+def test_unreadable_images_fail_in_the_worker_naming_file_row_and_field(tmp_path, preprocessor):
+    path = bad_train_file(tmp_path, BAD_ROWS["missing image"][0])
+    dataset = TrainDataset(load_train_rows(path, str(tmp_path), num_hard_negatives=2), preprocessor)
+    dataset[0]
+    with pytest.raises(ValueError, match=r"bad\.jsonl line 3 field 'qry_image_path'.*missing\.png"):
+        dataset[2]
+    (tmp_path / "corrupt.png").write_bytes(b"not a png")  # exists, so skip mode keeps the row
+    path = write_jsonl(tmp_path / "corrupt.jsonl", [record(i, pos_image_path="corrupt.png" if i == 1 else "")
+                                                    for i in range(3)])
+    dataset = TrainDataset(load_train_rows(path, str(tmp_path), 2, skip_bad_rows=True), preprocessor)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=1, collate_fn=list)
+    with pytest.raises(ValueError, match=r"corrupt\.jsonl line 2 field 'pos_image_path'.*corrupt\.png"):
+        next(iter(loader))
+
+
+def test_a_line_that_is_not_json_is_a_bad_row(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(record(i)) + "\n" for i in range(4)) + "{not json\n")
+    with pytest.raises(ValueError, match="line 5"):
+        load_train_rows(str(path), str(tmp_path), 2)
+    assert load_train_rows(str(path), str(tmp_path), 2, skip_bad_rows=True).skipped == 1
+
+
+# -----------------------------------------------------------------------------
+# MMEB evaluation files
+
+def mmeb_row(i, **fields):
+    return {"qry_text": f"<|image_1|>\nRepresent the given image for classification {i}", "qry_img_path": "A/q.jpg",
+            "tgt_text": [f"label {i}", "other", "<|image_1|>\nRepresent the given image."],
+            "tgt_img_path": ["", "", "A/c.jpg"], **fields}
+
+
+def write_mmeb(root, name, rows, nested):
+    folder = root / name / (name if nested else "")
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "test-00000-of-00001.parquet")
+
+
+def test_mmeb_reader_on_the_official_layout(tmp_path):
+    images = tmp_path / "eval_images"
+    (images / "A").mkdir(parents=True)
+    save_image(images / "A" / "q.jpg")
+    save_image(images / "A" / "c.jpg")
+    write_mmeb(tmp_path / "mmeb", "ImageNet-1K", [mmeb_row(i) for i in range(3)], nested=True)
+    write_mmeb(tmp_path / "mmeb", "MyOwnSet", [mmeb_row(9, qry_img_path="")], nested=False)
+    (tmp_path / "mmeb" / "images_zip").mkdir()  # no Parquet: not a dataset
+    assert find_mmeb_datasets(tmp_path / "mmeb") == ["ImageNet-1K", "MyOwnSet"]
+    rows = read_mmeb_dataset(tmp_path / "mmeb" / "ImageNet-1K", str(images))
+    assert len(rows) == 3 and rows.skipped == 0
+    assert rows[1]["query"] == {"text": "<|image_1|>\nRepresent the given image for classification 1",
+                                "image": str(images / "A" / "q.jpg")}
+    assert rows[1]["candidates"][0] == {"text": "label 1", "image": None}  # gold first
+    assert rows[1]["candidates"][2]["image"] == str(images / "A" / "c.jpg")
+    assert read_mmeb_dataset(tmp_path / "mmeb" / "MyOwnSet", str(images))[0]["query"]["image"] is None
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(qry_img_path="A/missing.jpg"), "qry_img_path"),
+    (dict(tgt_img_path=["", "", "A/missing.jpg"]), "tgt_img_path[2]"),
+    (dict(qry_text="  ", qry_img_path=""), "qry_text"),
+    (dict(tgt_img_path=None), "tgt_img_path"),  # the column is dropped below
+])
+def test_bad_mmeb_rows(tmp_path, fields, field, capsys):
+    images = tmp_path / "images"
+    (images / "A").mkdir(parents=True)
+    save_image(images / "A" / "q.jpg")
+    save_image(images / "A" / "c.jpg")
+    rows = [mmeb_row(i) for i in range(4)]
+    rows[1].update(fields)
+    if fields.get("tgt_img_path", "") is None:
+        rows = [{k: v for k, v in r.items() if k != "tgt_img_path"} for r in rows]  # every row lacks it
+    write_mmeb(tmp_path, "Set", rows, nested=False)
+    with pytest.raises(ValueError) as error:
+        read_mmeb_dataset(tmp_path / "Set", str(images))
+    assert "test-00000-of-00001.parquet" in str(error.value) and repr(field) in str(error.value)
+    assert "row 0" in str(error.value) if "tgt_img_path" == field else "row 1" in str(error.value)
+    read = read_mmeb_dataset(tmp_path / "Set", str(images), skip_bad_rows=True)
+    assert read.skipped == (4 if field == "tgt_img_path" else 1) and len(read) == 4 - read.skipped
+    assert "skipped" in capsys.readouterr().out
+
+
+def test_mmeb_table():
+    assert len(MMEB_DATASETS) == 36
+    splits = [split for _, split in MMEB_DATASETS.values()]
+    assert splits.count("IND") == 20 and splits.count("OOD") == 16
+    tasks = [task for task, _ in MMEB_DATASETS.values()]
+    assert [tasks.count(t) for t in ("Classification", "VQA", "Retrieval", "Visual Grounding")] == [10, 10, 12, 4]
+    assert MMEB_DATASETS["MSCOCO"] == ("Visual Grounding", "IND")
+    assert MMEB_DATASETS["Wiki-SS-NQ"] == ("Retrieval", "OOD")
+
+
+# -----------------------------------------------------------------------------
+# the toy benchmark
+
+def test_shapes_benchmark_is_read_by_both_readers(shapes):
+    rows = load_train_rows(shapes["train"], shapes["images"], num_hard_negatives=5, skip_bad_rows=True)
+    assert len(rows) == SHAPES_SIZES["num_train"] and rows.skipped == 0  # skip mode checked every image
+    names = find_mmeb_datasets(shapes["eval"])
+    assert len(names) == 10 and sum(n.endswith("-OOD") for n in names) == 5
+    assert not set(names) & set(MMEB_DATASETS)
+    unseen = {f"{c} {s}" for c, s in prepare_module.UNSEEN}
+    train_text = Path(shapes["train"]).read_text()
+    assert not any(label in train_text for label in unseen)  # unseen combinations: never in training
+    for name in names:
+        eval_rows = read_mmeb_dataset(Path(shapes["eval"]) / name, shapes["images"])  # checks images exist
+        assert eval_rows.skipped == 0 and len(eval_rows) == SHAPES_SIZES["num_eval"]
+        for row in eval_rows:
+            candidates = [(c["text"], c["image"]) for c in row["candidates"]]
+            assert len(candidates) == 10 and len(set(candidates)) == 10
+        if name == "Shapes-CLS-OOD":
+            assert all(row["candidates"][0]["text"] in unseen for row in eval_rows)
+        if name == "Shapes-T2I":
+            assert eval_rows[0]["query"]["text"].startswith("Retrieve an image that best matches")
+
+
+def test_prepare_is_deterministic_and_runs_from_the_command_line(shapes, tmp_path):
+    out = tmp_path / "shapes"
+    command = [sys.executable, str(REPO / "data" / "shapes" / "prepare.py"), f"--out_dir={out}", "--seed=0"]
+    command += [f"--{k}={v}" for k, v in SHAPES_SIZES.items()]
+    subprocess.run(command, check=True, capture_output=True, cwd=tmp_path)
+    assert (out / "tiny-qwen3.5" / "config.json").is_file()  # the model config/shapes_*.py start from
+    fixture_root = Path(shapes["train"]).parent
+    files = sorted(p.relative_to(fixture_root) for p in fixture_root.rglob("*") if p.is_file())
+    written = [p.relative_to(out) for p in out.rglob("*") if p.is_file()]
+    assert files == sorted(p for p in written if p.parts[0] != "tiny-qwen3.5")
+    assert all((fixture_root / f).read_bytes() == (out / f).read_bytes() for f in files)
+    other = prepare_module.prepare(str(tmp_path / "seed1"), seed=1, **SHAPES_SIZES)
+    assert Path(other["train"]).read_bytes() != Path(shapes["train"]).read_bytes()
