@@ -475,8 +475,9 @@ def make_tiny_checkpoint(out_dir, seed=0):
     with torch.no_grad():
         # transformers' 0.02-std init leaves the residual stream to the token embedding, so every item
         # pooled at the same <|endoftext|> would look alike; unit-variance layers make context count.
+        # The vision blocks keep the small init, so the residual stream still carries the patch pixels.
         for name, param in model.named_parameters():
-            if param.dim() >= 2:
+            if param.dim() >= 2 and ".visual.blocks." not in name:
                 fan_in = param[0].numel()
                 param.normal_(0.0, 1.0 if "embed_tokens" in name else fan_in ** -0.5)
     model.save_pretrained(out_dir)

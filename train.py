@@ -403,11 +403,13 @@ while step < max_iters:
                   f"{tokens_per_s:.0f} tok/s{extra}", flush=True)
             if wandb_log:
                 wandb.log(record, step=step)
-    if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints:
+    if finite and (step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints):
         save_checkpoint(step)
 
-if bad_in_row < max_bad_steps:
+stopped = bad_in_row >= max_bad_steps
+if not stopped:
     export(step)
 if distributed:
     dist.barrier()
     dist.destroy_process_group()
+sys.exit(1 if stopped else 0)

@@ -202,3 +202,22 @@ def test_merge_lora_state_dict_equals_module_merge():
     assert merged_dict.keys() == layer.state_dict().keys()
     for key, value in layer.state_dict().items():
         torch.testing.assert_close(merged_dict[key], value)
+
+
+def test_merged_tiny_embedder_saves_and_reloads_to_the_same_embeddings(tiny_checkpoint, tmp_path):
+    from model import Embedder, save_hf_folder
+    embedder = Embedder.from_pretrained(tiny_checkpoint)
+    inject_lora(embedder.model, rank=4, alpha=8)
+    torch.manual_seed(1)
+    for module in embedder.modules():
+        if isinstance(module, LoRALinear):
+            nn.init.normal_(module.lora_B, std=0.2)
+    items = [{"text": "a red circle", "image": None}, {"text": "two shapes on the left", "image": None}]
+    adapted = embedder.encode(items)
+    assert merge_lora(embedder) == 31
+    torch.testing.assert_close(embedder.encode(items), adapted, atol=1e-5, rtol=0)
+    save_hf_folder(embedder.state_dict(), tiny_checkpoint, str(tmp_path / "merged"), {"similarity": "cos"})
+    reloaded = Embedder.from_pretrained(str(tmp_path / "merged"))
+    torch.testing.assert_close(reloaded.encode(items), adapted, atol=1e-5, rtol=0)
+    base = Embedder.from_pretrained(tiny_checkpoint).encode(items)
+    assert (base - adapted).abs().max() > 1e-2  # the adapters changed the function that was saved
