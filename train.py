@@ -375,10 +375,6 @@ while step < max_iters:
         bad_in_row, bad_steps_total = bad_in_row + 1, bad_steps_total + 1
         log0(f"step {step}: non-finite loss {stats['loss']} or grad norm {grad_norm}; update skipped "
              f"({bad_in_row} in a row, {bad_steps_total} in all)")
-        if bad_in_row >= max_bad_steps:
-            log0(f"stopping: {bad_in_row} non-finite steps in a row; the last good checkpoint is "
-                 f"{(complete_checkpoints() or ['none'])[-1]}")
-            break
     optimizer.zero_grad(set_to_none=True)
     real, computed = count_tokens(batch)
     tokens_seen += computed
@@ -403,6 +399,10 @@ while step < max_iters:
                   f"{tokens_per_s:.0f} tok/s{extra}", flush=True)
             if wandb_log:
                 wandb.log(record, step=step)
+    if bad_in_row >= max_bad_steps:
+        log0(f"stopping: {bad_in_row} non-finite steps in a row; the last good checkpoint is "
+             f"{(complete_checkpoints() or ['none'])[-1]}")
+        break
     if finite and (step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints):
         save_checkpoint(step)
 
