@@ -26,7 +26,8 @@ def run_train(toy, out_dir, *args, nproc=1, expect_returncode=0):
     """Run train.py on the toy config in a subprocess; -> the log.jsonl records."""
     common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={toy['checkpoint']}",
               f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out_dir}",
-              "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096"]
+              "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096",
+              "--micro_batch=5"]  # several forward calls per side, a different count on 1 and 2 ranks
     if nproc == 1:
         command = [sys.executable, os.path.join(ROOT, "train.py")]
     else:
