@@ -148,7 +148,7 @@ else:
 torch.manual_seed(seed + rank)
 layers = embedder.model.language_model.layers
 if activation_checkpointing:
-    embedder.model.language_model.gradient_checkpointing_enable({"use_reentrant": False})
+    embedder.model.language_model.activation_checkpointing_enable({"use_reentrant": False})
 if compile:
     for layer in layers:
         layer.compile()  # in place: parameter names, and so checkpoints, are unchanged
@@ -358,8 +358,11 @@ if wandb_log and master:
 
 peak_flops = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}
 gpu_peak = next((v for k, v in peak_flops.items() if device_.type == "cuda" and k in torch.cuda.get_device_name()), None)
-flops_per_token = (6 if lora_rank == 0 else 4) * num_language  # forward 2N, backward 4N (LoRA: no weight grads)
-bad_in_row, tokens_seen, t0 = 0, 0, time.time()
+# MFU counts matmul weights only (the token embedding is a lookup) and real tokens only (not padding):
+# forward 2N, backward 4N (LoRA: 2N, no weight gradients). Attention and the vision tower are left out.
+num_matmul = num_language - embedder.model.language_model.embed_tokens.weight.numel()
+flops_per_token = (6 if lora_rank == 0 else 4) * num_matmul
+bad_in_row, tokens_seen, real_seen, t0 = 0, 0, 0, time.time()
 embedder.train()
 loader = iter(torch.utils.data.DataLoader(dataset, **loader_args))  # endless: epochs follow each other
 while step < max_iters:
@@ -380,19 +383,20 @@ while step < max_iters:
              f"({bad_in_row} in a row, {bad_steps_total} in all)")
     optimizer.zero_grad(set_to_none=True)
     real, computed = count_tokens(batch)
-    tokens_seen += computed
+    tokens_seen, real_seen = tokens_seen + computed, real_seen + real
     step += 1
     if step % log_interval == 0 or step == max_iters or step == 1:
         elapsed, t0 = time.time() - t0, time.time()
-        tokens_per_s = tokens_seen * world_size / elapsed
-        tokens_seen = 0
+        tokens_per_s = tokens_seen * world_size / elapsed  # computed positions, padding included
+        real_per_s = real_seen * world_size / elapsed
+        tokens_seen = real_seen = 0
         record = {"step": step, "loss": stats["loss"], "lr": lr, "grad_norm": grad_norm,
                   "tokens_per_s": tokens_per_s, "padding": 1 - real / computed, "bad_steps": bad_steps_total,
                   **{k: v for k, v in stats.items() if k != "loss"}}
         if device_.type == "cuda":
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
             if gpu_peak:
-                record["mfu"] = flops_per_token * tokens_per_s / (gpu_peak * world_size)
+                record["mfu"] = flops_per_token * real_per_s / (gpu_peak * world_size)
         if master:
             with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
