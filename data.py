@@ -71,7 +71,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-IMAGE_MARKER = "<|image_1|>"  # MMEB / mmE5: where a side's image goes; model.Preprocessor replaces it
+from model import IMAGE_MARKER  # MMEB / mmE5: where a side's image goes; model.Preprocessor replaces it
+
 TRAIN_COLUMNS = ("qry", "qry_image_path", "pos_text", "pos_image_path", "neg_text", "neg_image_path")
 MMEB_COLUMNS = ("qry_text", "qry_img_path", "tgt_text", "tgt_img_path")
 
