@@ -48,7 +48,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 import data
 from configurator import config_keys, configure, print_config
-from model import load_embedder
+from model import compute_init, load_embedder
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
@@ -325,19 +325,6 @@ def draw_pca(projected, percentile, is_query, path, explained):
 # -----------------------------------------------------------------------------
 # the run
 
-def distributed_init(device):
-    """-> (rank, world_size, device). Under torchrun (RANK set): NCCL on GPU, gloo on CPU."""
-    if "RANK" not in os.environ:
-        return 0, 1, device
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if device.startswith("cuda"):
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-        return rank, world_size, f"cuda:{local_rank}"
-    dist.init_process_group("gloo")
-    return rank, world_size, device
-
-
 def write_json(result, path):
     """Atomic: written aside, then renamed, so a crash never leaves half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -351,7 +338,7 @@ def main(args=None):
     """Run the evaluation with config overrides `args` (default: the command line). -> the JSON dict"""
     config = configure(dict(_DEFAULTS), sys.argv[1:] if args is None else args)
     c = types.SimpleNamespace(**config)
-    rank, world_size, run_device = distributed_init(c.device)
+    rank, _, world_size, run_device = compute_init(c.device)
     log = print if rank == 0 else (lambda *a, **k: None)
     if rank == 0:
         print_config(config)

@@ -316,6 +316,24 @@ class Embedder(nn.Module):
 
 
 # -----------------------------------------------------------------------------
+# processes
+
+def compute_init(device):
+    """-> (rank, local_rank, world_size, torch.device). Under torchrun (RANK set) it joins the process
+    group: NCCL on GPU, gloo on CPU. Without torchrun, one process on `device`. train.py and eval.py."""
+    import torch.distributed as dist
+    if "RANK" not in os.environ:
+        return 0, 0, 1, torch.device(device)
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        return rank, local_rank, world, torch.device("cuda", local_rank)
+    dist.init_process_group("gloo")
+    return rank, local_rank, world, torch.device("cpu")
+
+
+# -----------------------------------------------------------------------------
 # checkpoints: Hugging Face folders (releases, export/) and training step folders
 
 CHECKPOINT_INFO = "pace.json"  # beside the weights: how the model was trained (similarity, LoRA, step)

@@ -34,7 +34,7 @@ import data
 import lora
 from configurator import configure, print_config, save_config
 from loss import pace_loss
-from model import Embedder, load_embedder, read_checkpoint_info, save_hf_folder
+from model import compute_init, load_embedder, read_checkpoint_info, save_hf_folder
 
 # -----------------------------------------------------------------------------
 # config: defaults are the paper's Stage I (Table 3); config/*.py files override them
@@ -84,20 +84,7 @@ config = configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
 
-def compute_init():
-    """-> (rank, local_rank, world_size, device). Works with torchrun (NCCL on GPU, gloo on CPU) and without."""
-    if "RANK" not in os.environ:
-        return 0, 0, 1, torch.device(device)
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if device.startswith("cuda"):
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-        return rank, local_rank, world, torch.device("cuda", local_rank)
-    dist.init_process_group("gloo")
-    return rank, local_rank, world, torch.device("cpu")
-
-
-rank, local_rank, world_size, device_ = compute_init()
+rank, local_rank, world_size, device_ = compute_init(device)
 master = rank == 0
 distributed = world_size > 1
 if batch_size % world_size:
