@@ -498,6 +498,12 @@ def make_tiny_checkpoint(out_dir, seed=0):
             if param.dim() >= 2 and ".visual.blocks." not in name:
                 fan_in = param[0].numel()
                 param.normal_(0.0, 1.0 if "embed_tokens" in name else fan_in ** -0.5)
+            elif name.endswith("linear_attn.A_log"):
+                # Gated DeltaNet keeps exp(-A * softplus(a + dt_bias)) of its state per token. The stock
+                # A in (0, 16) forgets within a token, so images would reach the pooled token only through
+                # the one full-attention layer; A in [0.005, 0.05] remembers tens of tokens, as trained
+                # Qwen3.5 layers do, and the toy's images then change the embedding (cos 0.91, not 0.999).
+                param.copy_(torch.empty_like(param).uniform_(0.005, 0.05).log())
     model.save_pretrained(out_dir)
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                             unk_token=None).save_pretrained(out_dir)
