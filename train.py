@@ -65,7 +65,7 @@ lora_rank = 32  # LoRA rank on the language model; 0 = full fine-tuning of the l
 lora_alpha = 64  # LoRA scale is alpha / rank
 lora_dropout = 0.0  # dropout on the LoRA input
 grad_cache_chunk = 0  # GradCache (Appendix C.1): items per chunk, 0 = off
-micro_batch = 32  # without GradCache: items per forward call, cut from length-sorted items (less padding)
+micro_batch = 32  # without GradCache: at most this many items a forward call (data.split_by_length)
 num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise)
 checkpoint_interval = 500  # save a checkpoint every this many steps (and at the last step)
 keep_checkpoints = [2000]  # steps whose checkpoints pruning never removes (Stage II starts from 2000)
@@ -185,9 +185,9 @@ rows = data.load_train_rows(train_data, image_dir, num_hard_negatives, seed=seed
 dataset = data.TrainDataset(rows, preprocessor)
 sampler = data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
 # Each side's items are sorted by length and cut into chunks, one forward call each: short items no longer
-# pad to the longest of the batch (bench.py measures the padding share). Chunks are cut by item count,
-# never by tokens: every rank must make the same number of forward calls, each FSDP2 forward being a
-# collective.
+# pad to the longest of the batch (bench.py measures the padding share). The number of chunks depends on
+# the item count alone, never on tokens: every rank must make the same number of forward calls, each FSDP2
+# forward being a collective; the cuts go where padding is least.
 collate = data.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
 loader_args = dict(batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
                    pin_memory=device_.type == "cuda")

@@ -5,16 +5,19 @@ The toy benchmark: rendered shapes in the two layouts PACE reads, small enough f
     python data/shapes/prepare.py --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
 
 Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
-same seed. A scene is a 96 x 96 picture of one to three objects, each a colour (6), a shape (5), a
-size (small, large) and a cell of a 3 x 3 grid. Six colour-shape combinations (UNSEEN) never appear
-in training, neither drawn nor named: the OOD datasets ask about exactly those.
+same seed. A scene is a 128 x 128 picture of two or three objects, each a colour (6), a shape (5), a
+size (small, large) and a cell of a 2 x 2 grid; a classification picture is one object, centred and
+large, as classification datasets are. Objects are big on purpose: each spans several image tokens
+(one token per 32 x 32 pixels), so a few minutes of training can learn to see them.
+Six colour-shape combinations (UNSEEN) never appear in training, neither drawn nor named: the OOD
+datasets ask about exactly those.
 
 Written under out_dir (git-ignored):
 - train.jsonl: MMEB-train / mmE5 rows (qry, qry_image_path, pos_text, pos_image_path, neg_text,
   neg_image_path), the five task formats mixed. Rows carry 2 to 8 hard negatives (mostly 5), on
   purpose, so data.py's fill/cut rule runs on the demo too.
 - eval/<Dataset>/test.parquet: MMEB-eval rows (qry_text, qry_img_path, tgt_text, tgt_img_path),
-  candidate 0 the gold one; ten datasets: Shapes-{CLS, VQA, T2I, I2T, GRD} (in distribution) and
+  candidate 0 the gold one, the others drawn at random from the task's pool; ten datasets: Shapes-{CLS, VQA, T2I, I2T, GRD} (in distribution) and
   the same five with -OOD (their gold answer involves an unseen combination).
 - images/: every image; the paths in both files are relative to it.
 - tiny-qwen3.5/: the command line also writes the tiny random Qwen3.5 that config/shapes_*.py start
@@ -41,9 +44,9 @@ from PIL import Image, ImageDraw
 COLOURS = {"red": (220, 50, 47), "green": (50, 160, 60), "blue": (40, 90, 220), "yellow": (235, 195, 30),
            "purple": (140, 70, 190), "orange": (245, 130, 30)}
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
-SIZES = {"small": 0.24, "large": 0.42}  # radius as a fraction of a cell
-CELLS = ("top left", "top middle", "top right", "middle left", "center", "middle right",
-         "bottom left", "bottom middle", "bottom right")  # a 3 x 3 grid, row by row
+SIZES = {"small": 0.3, "large": 0.45}  # radius as a fraction of a cell
+CELLS = ("top left", "top right", "bottom left", "bottom right")  # a 2 x 2 grid, row by row
+GRID = 2
 UNSEEN = {(colour, SHAPES[i % len(SHAPES)]) for i, colour in enumerate(COLOURS)}  # held out of training
 SEEN = [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in UNSEEN]
 ALL_COMBOS = [(c, s) for c in COLOURS for s in SHAPES]
@@ -101,17 +104,18 @@ def perturbed_captions(rng, scene, allowed_combos):
 
 
 def cell_box(cell, image_size):
-    row, col = divmod(cell, 3)
-    side = image_size / 3
+    row, col = divmod(cell, GRID)
+    side = image_size / GRID
     return round(col * side), round(row * side), round((col + 1) * side), round((row + 1) * side)
 
 
-def render(scene, rng, image_size):
+def render(scene, rng, image_size, grid=GRID):
+    """grid=1 draws a single object over the whole picture (classification images are object-centred)."""
     image = Image.new("RGB", (image_size, image_size), BACKGROUND)
     draw = ImageDraw.Draw(image)
-    side = image_size / 3
+    side = image_size / grid
     for colour, shape, size, cell in scene:
-        row, col = divmod(cell, 3)
+        row, col = divmod(cell % grid**2, grid)
         radius = SIZES[size] * side
         jitter = (0.5 - SIZES[size] - 0.02) * side  # the object stays inside its cell
         x = (col + 0.5) * side + rng.uniform(-jitter, jitter)
@@ -134,21 +138,23 @@ def render(scene, rng, image_size):
 
 
 # -----------------------------------------------------------------------------
-# examples: (query (text, image), gold (text, image), hard negatives [(text, image), ...])
+# examples: (query (text, image), gold (text, image), negatives [(text, image), ...])
 
 def label(obj):
     return f"{obj[0]} {obj[1]}"
 
 
-def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_hard):
-    """`count` examples of one task format, each with num_hard hard negatives, hardest first; images
-    saved under image_dir/folder."""
+def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_hard, hardest):
+    """`count` examples of one task format, each with num_hard negatives: the hardest first (training:
+    mined hard negatives), or drawn at random from the task's pool (evaluation, as most MMEB datasets
+    draw their candidates; an image-blind model then scores chance, not below it). Images are saved
+    under image_dir/folder."""
     os.makedirs(os.path.join(image_dir, folder), exist_ok=True)
     allowed = set(ALL_COMBOS) if unseen else set(SEEN)
     scenes = []
     for i in range(count):
         scene, target = random_scene(rng, 1 if task == "CLS" else rng.randint(2, 3), unseen)
-        image = render(scene, rng, image_size)
+        image = render(scene, rng, image_size, 1 if task == "CLS" else GRID)
         path = f"{folder}/{i:05d}.png"
         image.save(os.path.join(image_dir, path), compress_level=1)
         crops = {}
@@ -194,18 +200,20 @@ def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_h
             query = (f"<|image_1|>\n{IMAGE_TO_TEXT}", path)
             gold = (text, "")
             hard = [(t, "") for t in perturbed_captions(rng, scene, allowed)]
+            if not hardest:  # the pool also holds the captions of other scenes
+                hard += [(scenes[k][4], "") for k in range(count) if scenes[k][4] != text]
         else:  # GRD: the target's crop; the other objects' crops, then crops of other scenes
             query = (f"<|image_1|>\n{GROUNDING} {label(target)}", path)
             gold = (CROP_CANDIDATE, crops[target])
             hard = [(CROP_CANDIDATE, crops[obj]) for obj in scene if obj != target]
             for k in shuffled(k for k in range(count) if k != i):
                 hard += [(CROP_CANDIDATE, crop) for obj, crop in scenes[k][3].items() if obj[:2] != target[:2]]
-                if len(hard) >= num_hard:
+                if hardest and len(hard) >= num_hard:
                     break
         if len(hard) < num_hard:
             raise ValueError(f"{folder}: {len(hard)} distinct negatives for an example, {num_hard} needed; "
                              "raise num_train / num_eval or lower num_candidates")
-        examples.append((query, gold, hard[:num_hard]))
+        examples.append((query, gold, hard[:num_hard] if hardest else rng.sample(hard, num_hard)))
     return examples
 
 
@@ -224,7 +232,7 @@ def write_train(path, rng, examples):
 
 
 def write_eval(path, examples, num_candidates):
-    """MMEB-eval rows: the gold candidate first, then num_candidates - 1 hard negatives."""
+    """MMEB-eval rows: the gold candidate first, then num_candidates - 1 negatives."""
     columns = {"qry_text": [], "qry_img_path": [], "tgt_text": [], "tgt_img_path": []}
     for query, gold, hard in examples:
         candidates = [gold] + hard[:num_candidates - 1]
@@ -236,7 +244,7 @@ def write_eval(path, examples, num_candidates):
     pq.write_table(pa.table(columns), path)
 
 
-def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, image_size=96):
+def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, image_size=128):
     """Write the benchmark under out_dir. -> {"train": train.jsonl, "eval": eval dir, "images": image dir}"""
     image_dir, eval_dir = os.path.join(out_dir, "images"), os.path.join(out_dir, "eval")
     num_hard = max(8, num_candidates - 1)  # training rows take up to 8
@@ -251,14 +259,14 @@ def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, im
     for k, task in enumerate(TASKS):
         count = num_train // len(TASKS) + (k < num_train % len(TASKS))
         rng = random.Random(f"{seed}/train/{task}")
-        train += make_examples(task, rng, count, False, f"train/{task}", image_dir, image_size, num_hard)
+        train += make_examples(task, rng, count, False, f"train/{task}", image_dir, image_size, num_hard, True)
     write_train(os.path.join(out_dir, "train.jsonl"), random.Random(f"{seed}/train"), train)
 
     for task in TASKS:
         for unseen in (False, True):
             name = f"Shapes-{task}" + ("-OOD" if unseen else "")
             rng = random.Random(f"{seed}/{name}")
-            examples = make_examples(task, rng, num_eval, unseen, name, image_dir, image_size, num_hard)
+            examples = make_examples(task, rng, num_eval, unseen, name, image_dir, image_size, num_hard, False)
             write_eval(os.path.join(eval_dir, name, "test.parquet"), examples, num_candidates)
     return {"train": os.path.join(out_dir, "train.jsonl"), "eval": eval_dir, "images": image_dir}
 
@@ -271,7 +279,7 @@ if __name__ == "__main__":
     parser.add_argument("--num_train", type=int, default=2000, help="training rows, over the five task formats")
     parser.add_argument("--num_eval", type=int, default=100, help="queries per evaluation dataset")
     parser.add_argument("--num_candidates", type=int, default=10, help="candidates per evaluation query")
-    parser.add_argument("--image_size", type=int, default=96, help="pixels; 96 = a 3 x 3 grid of 32-pixel cells")
+    parser.add_argument("--image_size", type=int, default=128, help="pixels; 128 = a 2 x 2 grid of 64-pixel cells")
     parser.add_argument("--tiny_checkpoint", action=argparse.BooleanOptionalAction, default=True,
                         help="also write out_dir/tiny-qwen3.5, the model config/shapes_*.py start from")
     args = parser.parse_args()
