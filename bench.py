@@ -191,6 +191,8 @@ def floor_step(embedder, batch, trainable, one_graph):
     the plain step must (its loss couples them); else one per chunk, as GradCache's second pass."""
     total = 0.0
     for chunk in batch["query"] + batch["candidate"]:  # already on the device
+        if chunk["pixel_values"] is not None:  # the worker's uint8 patches -> the backbone's float input
+            chunk = {**chunk, "pixel_values": embedder.preprocessor.model_pixels(chunk["pixel_values"])}
         with autocast:
             hidden = embedder.model(**chunk, use_cache=False).last_hidden_state  # (B, L, D)
         last = chunk["attention_mask"].sum(dim=1) - 1  # (B,)

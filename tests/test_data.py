@@ -159,7 +159,8 @@ def test_images_become_rgb_within_the_pixel_budget(tmp_path, tiny_checkpoint):
         _, grid_h, grid_w = query["image_grid_thw"][0].tolist()  # in 16-pixel patches
         assert grid_h * grid_w * 16 * 16 <= max_pixels and grid_h % 2 == 0 and grid_w % 2 == 0
         assert grid_w > grid_h  # landscape stays landscape
-        assert query["pixel_values"].shape == (grid_h * grid_w, 3 * 2 * 16 * 16)  # three channels
+        assert query["pixel_values"].shape == (grid_h * grid_w, 3 * 16 * 16)  # three channels, as bytes
+        assert query["pixel_values"].dtype == torch.uint8
 
 
 # -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from model import IMAGE_MARKER, SYSTEM_PROMPT, Embedder, Preprocessor, make_tiny_checkpoint
+from model import IMAGE_MARKER, SYSTEM_PROMPT, Embedder, Preprocessor, load_image, make_tiny_checkpoint
 
 
 def _images():
@@ -50,7 +50,8 @@ def test_embedding_is_batch_invariant(tiny_embedder, tmp_path):
     # the forward pools the last real token of each right-padded row
     batch = tiny_embedder.preprocessor.collate([tiny_embedder.preprocessor(i["text"], i["image"]) for i in items[:2]])
     with torch.no_grad():
-        hidden = tiny_embedder.model(**{k: v for k, v in batch.items()}, use_cache=False).last_hidden_state
+        pixel_values = tiny_embedder.preprocessor.model_pixels(batch["pixel_values"])
+        hidden = tiny_embedder.model(**{**batch, "pixel_values": pixel_values}, use_cache=False).last_hidden_state
         pooled = tiny_embedder(**batch)
     last = batch["attention_mask"].sum(1) - 1
     torch.testing.assert_close(pooled, hidden[torch.arange(2), last])
@@ -118,7 +119,6 @@ def test_bad_input_names_the_item(tiny_embedder, tmp_path):
 
 
 def test_transparent_and_grey_images_become_rgb(tiny_embedder):
-    from model import load_image
     _, grey, rgba, palette = _images()
     for image in (grey, rgba, palette):
         assert load_image(image).mode == "RGB"
@@ -139,6 +139,19 @@ def test_tiny_checkpoint_layout_and_determinism(tiny_checkpoint, tmp_path):
     assert any(".self_attn." in k for k in a)
     with open(os.path.join(tiny_checkpoint, "tokenizer.json")) as f1, open(os.path.join(again, "tokenizer.json")) as f2:
         assert f1.read() == f2.read()
+
+
+def test_pixels_equal_transformers_processor(tiny_checkpoint):
+    """uint8 patches from the worker + model_pixels on the device = transformers' float pixel_values, bit for
+    bit: sizes that shrink, grow (under min_pixels) and stay, every mode load_image accepts."""
+    preprocessor = Preprocessor.from_pretrained(tiny_checkpoint, max_pixels=128 * 128)
+    noise = Image.effect_noise((300, 170), 80).convert("RGB")
+    for image in [noise, noise.resize((20, 90)), noise.crop((0, 0, 64, 128)), *_images()]:
+        image = load_image(image)
+        reference = preprocessor.image_processor(images=[image], return_tensors="pt")
+        patches, grid_h, grid_w = preprocessor.patches(image)
+        assert patches.dtype == torch.uint8 and reference["image_grid_thw"].tolist() == [[1, grid_h, grid_w]]
+        assert torch.equal(preprocessor.model_pixels(patches), reference["pixel_values"]), image.size
 
 
 def test_tiny_checkpoint_sees_its_images(tiny_embedder):
