@@ -555,7 +555,7 @@ def main():
     batches = {False: collate_to_device(preprocessor, items[:batch_size], micro_batch),  # without GradCache
                True: collate_to_device(preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # and with it
     if activation_checkpointing:
-        embedder.model.language_model.gradient_checkpointing_enable({"use_reentrant": False})
+        embedder.model.language_model.activation_checkpointing_enable({"use_reentrant": False})
     lora.inject_lora(embedder.model, lora_rank, 2 * lora_rank)  # Stage I: only the adapters train
     merged = copy.deepcopy(embedder)
     lora.merge_lora(merged.model)  # Stage II: the adapters folded in, then the whole language model trains
