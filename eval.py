@@ -246,7 +246,7 @@ def norm_stats(norms):
             "min": norms.min().item(), "max": norms.max().item()}
 
 
-def geometry(samples, png_path=None):
+def geometry_summary(samples, png_path=None):
     """Pool geometry_sample()s of the evaluated datasets -> summary dict; draws the PCA to png_path."""
     pooled = {key: torch.cat([s[key] for s in samples]) for key in samples[0]}
     log_norm_product = pooled["log_norm_product"]
@@ -378,7 +378,7 @@ def main(args=None):
     if rank == 0:
         if samples:
             png_path = os.path.splitext(c.out)[0] + "_pca.png"
-            output["geometry"] = geometry(samples, png_path)
+            output["geometry"] = geometry_summary(samples, png_path)
             log(f"geometry: {json.dumps({k: v for k, v in output['geometry'].items() if not isinstance(v, dict)})}")
         print(format_table(per_dataset, summary))
         write_json(output, c.out)

@@ -212,10 +212,10 @@ def test_geometry_by_hand(tmp_path):
     directions = torch.stack([angles.cos(), angles.sin(), torch.zeros(50)], 1)  # (50, 3)
     queries, golds = torch.tensor([1.0, 0.0, 0.0]).expand(50, 3) * 2, directions * (3 * (1 - angles.cos()[:, None])).exp()
     sample = evaluation.geometry_sample(queries, golds, golds, 10, torch.Generator().manual_seed(0))
-    summary = evaluation.geometry([sample], str(tmp_path / "pca.png"))
+    summary = evaluation.geometry_summary([sample], str(tmp_path / "pca.png"))
     assert summary["norm_cos_pearson_r"] == pytest.approx(-1.0, abs=1e-4)
     constant = evaluation.geometry_sample(queries, 8 * directions, directions, 10, torch.Generator().manual_seed(0))
-    assert evaluation.geometry([constant])["norm_cos_pearson_r"] is None  # all norms equal: r undefined
+    assert evaluation.geometry_summary([constant])["norm_cos_pearson_r"] is None  # all norms equal: r undefined
     assert summary["num_matched_pairs"] == 50 and summary["num_random_pairs"] == 100
     pairs = torch.nn.functional.cosine_similarity(sample["queries"][:, None], sample["candidates"][None], dim=-1)
     assert summary["random_pair_mean_cos"] == pytest.approx(pairs.mean().item(), abs=1e-6)
