@@ -62,11 +62,11 @@ batch_size = 0  # queries per step; 0 = 32 on a real shape (the paper's, per GPU
 num_hard_negatives = 5  # per query (paper)
 grad_cache_chunk = 8  # items per GradCache chunk
 grad_cache_batch = 0  # queries per GradCache step; 0 = 128 on a real shape (a GPU's share of 1,024 on 8), else batch
-micro_batch = 32  # without GradCache: items per forward call, cut from length-sorted items (train.py's micro_batch)
+micro_batch = 32  # without GradCache: at most this many items a forward call (train.py's micro_batch)
 activation_checkpointing = None  # recompute each decoder layer in backward (train.py's flag); None = on for real shapes
 lora_rank = 32  # Stage I LoRA rank (alpha = 2 * rank)
 max_pixels = 1605632  # image pixel budget (paper)
-num_workers = 4 if torch.cuda.is_available() else 0  # DataLoader workers per GPU: data headroom, eval, building items
+num_workers = 8 if torch.cuda.is_available() else 0  # DataLoader workers per GPU (config/stage1.py): data headroom, eval, building items
 threads = 1  # torch threads on a CPU run: one keeps timings steady; OpenMP barriers stall when cores are shared
 eval_items = 512  # items Embedder.encode is timed on (a seeded sample; the dedup factor counts them all)
 iters = 10  # timed rounds per figure (median)
