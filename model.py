@@ -76,7 +76,7 @@ def smart_resize(height, width, factor, min_pixels, max_pixels):
     aspect ratio kept, pixel count within [min_pixels, max_pixels]."""
     if max(height, width) / min(height, width) > 200:
         raise ValueError(f"image aspect ratio {height}x{width} is more than 200")
-    h, w = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
+    h, w = round(height / factor) * factor, round(width / factor) * factor  # a side may round to 0: then grown
     if h * w > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
         h = max(factor, math.floor(height / beta / factor) * factor)
@@ -234,11 +234,12 @@ class Preprocessor:
             values = (values - mean) / std
         return torch.from_numpy(values)
 
-    def model_pixels(self, patches):
+    def model_pixels(self, patches, byte_values=None):
         """(P, 3 * patch * patch) uint8 patches, on any device -> (P, 3 * temporal * patch * patch) float32
         pixel_values, exactly those of transformers' processor: a table lookup per byte, then each patch
-        repeated over the temporal patch (a still image is `temporal` identical frames)."""
-        values = self.byte_values.to(patches.device)  # (3, 256)
+        repeated over the temporal patch (a still image is `temporal` identical frames). Embedder passes
+        its own copy of the table, already on the device."""
+        values = (self.byte_values if byte_values is None else byte_values).to(patches.device)  # (3, 256)
         x = patches.view(patches.shape[0], 3, -1).long()  # (P, 3, patch * patch)
         x = values[torch.arange(3, device=x.device)[None, :, None], x]  # (P, 3, patch * patch) float32
         temporal = self.image_processor.temporal_patch_size
@@ -302,6 +303,8 @@ class Embedder(nn.Module):
         self.preprocessor = preprocessor
         self.model.config.use_cache = False
         self.model.visual.requires_grad_(False)  # frozen in both stages (paper, Section 4)
+        # the pixel lookup table, kept on the model's device (not saved): no host-to-device copy a forward
+        self.register_buffer("byte_values", preprocessor.byte_values.clone(), persistent=False)
 
     @classmethod
     def from_pretrained(cls, path, dtype=torch.float32, max_length=8192, min_pixels=None, max_pixels=None):
@@ -328,7 +331,7 @@ class Embedder(nn.Module):
         pixel_values may be the Preprocessor's uint8 patches (made model-ready here, on the device) or
         transformers' float pixel_values."""
         if pixel_values is not None and pixel_values.dtype == torch.uint8:
-            pixel_values = self.preprocessor.model_pixels(pixel_values)
+            pixel_values = self.preprocessor.model_pixels(pixel_values, self.byte_values)
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             mm_token_type_ids=mm_token_type_ids, pixel_values=pixel_values,
                             image_grid_thw=image_grid_thw, use_cache=False).last_hidden_state  # (B, L, D)
@@ -544,9 +547,9 @@ def make_tiny_checkpoint(out_dir, seed=0):
                 param.normal_(0.0, 1.0 if "embed_tokens" in name else fan_in ** -0.5)
             elif name.endswith("linear_attn.A_log"):
                 # Gated DeltaNet keeps exp(-A * softplus(a + dt_bias)) of its state per token. The stock
-                # A in (0, 16) forgets within a token, so images would reach the pooled token only through
-                # the one full-attention layer; A in [0.005, 0.05] remembers tens of tokens, as trained
-                # Qwen3.5 layers do, and the toy's images then change the embedding (cos 0.91, not 0.999).
+                # A, up to 16, forgets within a token, so images would reach the pooled token only through
+                # the one full-attention layer; A in [0.005, 0.05] remembers tens of tokens, and two
+                # pictures of different colours then give cos 0.95, not 0.999 (tests/test_model.py).
                 param.copy_(torch.empty_like(param).uniform_(0.005, 0.05).log())
     model.save_pretrained(out_dir)
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",

@@ -7,5 +7,5 @@ init_from = "out/shapes_stage1/step_000100"
 similarity = "dot"
 temperature = 6.4  # the tiny model's norms are sqrt(64) = 8: dot/6.4 matches cos/0.1 in scale (PACE.md on tau = 100)
 lora_rank = 0
-learning_rate = 5e-4  # full fine-tuning of the tiny model; 2e-4 gave 33.8 overall, 5e-4 37.2
+learning_rate = 5e-4  # full fine-tuning of the tiny model; 2e-4 gave 33.8 overall, 5e-4 37.2 (toy evaluation of 2026-11-29)
 keep_checkpoints = []

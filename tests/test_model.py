@@ -146,7 +146,8 @@ def test_pixels_equal_transformers_processor(tiny_checkpoint):
     bit: sizes that shrink, grow (under min_pixels) and stay, every mode load_image accepts."""
     preprocessor = Preprocessor.from_pretrained(tiny_checkpoint, max_pixels=128 * 128)
     noise = Image.effect_noise((300, 170), 80).convert("RGB")
-    for image in [noise, noise.resize((20, 90)), noise.crop((0, 0, 64, 128)), *_images()]:
+    thin = [noise.resize((300, 11)), noise.resize((9, 40))]  # a side that rounds to 0 patches: grown, as transformers
+    for image in [noise, noise.resize((20, 90)), noise.crop((0, 0, 64, 128)), *thin, *_images()]:
         image = load_image(image)
         reference = preprocessor.image_processor(images=[image], return_tensors="pt")
         patches, grid_h, grid_w = preprocessor.patches(image)

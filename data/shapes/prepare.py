@@ -6,19 +6,20 @@ The toy benchmark: rendered shapes in the two layouts PACE reads, small enough f
 
 Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
 same seed. A scene is a 128 x 128 picture of two or three objects, each a colour (6), a shape (5), a
-size (small, large) and a cell of a 2 x 2 grid; a classification picture is one object, centred and
-large, as classification datasets are. Objects are big on purpose: each spans several image tokens
-(one token per 32 x 32 pixels), so a few minutes of training can learn to see them.
-Six colour-shape combinations (UNSEEN) never appear in training, neither drawn nor named: the OOD
-datasets ask about exactly those.
+size (small, large) and a cell of a 2 x 2 grid; a classification picture is one object in the middle
+of the whole picture, as classification datasets are object-centred. Objects are big on purpose: each
+spans several image tokens (one token per 32 x 32 pixels), so a few minutes of training can learn to
+see them. Six colour-shape combinations (UNSEEN) never appear in training, neither drawn nor named:
+the OOD datasets ask about exactly those.
 
 Written under out_dir (git-ignored):
 - train.jsonl: MMEB-train / mmE5 rows (qry, qry_image_path, pos_text, pos_image_path, neg_text,
   neg_image_path), the five task formats mixed. Rows carry 2 to 8 hard negatives (mostly 5), on
   purpose, so data.py's fill/cut rule runs on the demo too.
 - eval/<Dataset>/test.parquet: MMEB-eval rows (qry_text, qry_img_path, tgt_text, tgt_img_path),
-  candidate 0 the gold one, the others drawn at random from the task's pool; ten datasets: Shapes-{CLS, VQA, T2I, I2T, GRD} (in distribution) and
-  the same five with -OOD (their gold answer involves an unseen combination).
+  candidate 0 the gold one, the others drawn at random from the task's pool; ten datasets:
+  Shapes-{CLS, VQA, T2I, I2T, GRD} (in distribution) and the same five with -OOD (their gold answer
+  involves an unseen combination).
 - images/: every image; the paths in both files are relative to it.
 - tiny-qwen3.5/: the command line also writes the tiny random Qwen3.5 that config/shapes_*.py start
   from (model.make_tiny_checkpoint; this step needs torch and transformers; --no-tiny_checkpoint skips it).
@@ -146,9 +147,10 @@ def label(obj):
 
 def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_hard, hardest):
     """`count` examples of one task format, each with num_hard negatives: the hardest first (training:
-    mined hard negatives), or drawn at random from the task's pool (evaluation, as most MMEB datasets
-    draw their candidates; an image-blind model then scores chance, not below it). Images are saved
-    under image_dir/folder."""
+    mined hard negatives), or drawn at random from the task's pool of distinct candidates (evaluation,
+    as most MMEB datasets draw theirs: hardest first, a model reading only the text ranked the gold
+    below chance, the gold being the centre of its one-attribute variants). Images are saved under
+    image_dir/folder."""
     os.makedirs(os.path.join(image_dir, folder), exist_ok=True)
     allowed = set(ALL_COMBOS) if unseen else set(SEEN)
     scenes = []
@@ -210,6 +212,7 @@ def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_h
                 hard += [(CROP_CANDIDATE, crop) for obj, crop in scenes[k][3].items() if obj[:2] != target[:2]]
                 if hardest and len(hard) >= num_hard:
                     break
+        hard = list(dict.fromkeys(hard))  # distinct (text, image) pairs, in order
         if len(hard) < num_hard:
             raise ValueError(f"{folder}: {len(hard)} distinct negatives for an example, {num_hard} needed; "
                              "raise num_train / num_eval or lower num_candidates")
