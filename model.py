@@ -209,12 +209,11 @@ class Preprocessor:
         Resized as transformers' Qwen2-VL processor resizes (smart_resize, its resampling) and cut into
         patches in its order, merge groups together, but left as bytes and without the temporal copy:
         8x fewer bytes through the DataLoader and to the device. model_pixels() finishes the job there."""
-        width, height = image.size
-        h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        patch, merge = self.image_processor.patch_size, self.merge_size
+        grid_h, grid_w = self.image_grid(image.height, image.width)
+        h, w = grid_h * patch, grid_w * patch
         if (w, h) != image.size:
             image = image.resize((w, h), resample=self.image_processor.resample)
-        patch, merge = self.image_processor.patch_size, self.merge_size
-        grid_h, grid_w = h // patch, w // patch
         x = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)  # (3, h, w) uint8
         x = x.reshape(3, grid_h // merge, merge, patch, grid_w // merge, merge, patch)
         x = x.permute(1, 4, 2, 5, 0, 3, 6)  # (grid_h/m, grid_w/m, m, m, 3, patch, patch)
