@@ -25,7 +25,7 @@ On a real shape the step rows add tokens/s, MFU (useful FLOPs against the GPU's 
 and the header says which Gated DeltaNet kernels ran: flash-linear-attention's or transformers' fallback.
 
 The step is re-created from train.py's building blocks (Embedder, pace_loss, lora, AdamW); no file imports
-train.py. forward_backward below mirrors train.py's line for line: keep the two in step.
+train.py; the step itself is loss.forward_backward, the very function train.py calls.
 """
 import copy
 import functools
@@ -50,7 +50,7 @@ from PIL import Image
 import data
 import lora
 from configurator import configure
-from loss import pace_loss
+from loss import forward_backward, pace_loss
 from model import Embedder, Preprocessor, make_tiny_checkpoint, smart_resize
 
 # -----------------------------------------------------------------------------
@@ -147,38 +147,10 @@ def encode(embedder, chunk):
         return embedder(**chunk)
 
 
-def forward_backward(embedder, batch, loss_args, grad_cache):
-    """Mirrors train.py's forward_backward: keep the two in step."""
-    def step_loss(q, c, targets):
-        return pace_loss(q, c, targets.to(device_), **loss_args)
-
-    if not grad_cache:
-        q = torch.cat([encode(embedder, chunk) for chunk in batch["query"]])  # (n, D)
-        c = torch.cat([encode(embedder, chunk) for chunk in batch["candidate"]])  # (n * (1 + K), D)
-        loss, stats = step_loss(q, c, batch["targets"])
-        loss.backward()
-        return stats
-    chunks = batch["query"] + batch["candidate"]
-    rng_states, reps = [], []
-    with torch.no_grad():
-        for chunk in chunks:
-            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if device_.type == "cuda" else None))
-            reps.append(encode(embedder, chunk))
-    reps = [r.detach().requires_grad_(True) for r in reps]
-    num_query_chunks = len(batch["query"])
-    loss, stats = step_loss(torch.cat(reps[:num_query_chunks]), torch.cat(reps[num_query_chunks:]), batch["targets"])
-    loss.backward()
-    for chunk, rep, (cpu_rng, cuda_rng) in zip(chunks, reps, rng_states):
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng)
-        encode(embedder, chunk).backward(rep.grad)
-    return stats
-
-
 def train_step(embedder, optimizer, trainable, batch, loss_args, grad_cache):
     """One optimizer step as train.py's loop takes it: forward_backward, clip to 1.0, AdamW, zero_grad."""
-    stats = forward_backward(embedder, batch, loss_args, grad_cache)
+    stats = forward_backward(functools.partial(encode, embedder), batch,
+                             lambda q, c, targets: pace_loss(q, c, targets.to(device_), **loss_args), grad_cache)
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, 1.0).item()
     if math.isfinite(stats["loss"]) and math.isfinite(grad_norm):
         optimizer.step()

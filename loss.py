@@ -17,6 +17,9 @@ q holds this rank's queries, c this rank's candidates (its queries' positives an
 negatives) and targets[i] the index of query i's positive in the local c. Every query is
 ranked against the candidates of all ranks, gathered with an autograd-aware all-gather.
 Without torch.distributed (or with one process) nothing is gathered.
+
+forward_backward(encode, batch, loss_fn, grad_cache) is the training step's embed + loss + backward,
+plain or with GradCache (paper, Appendix C.1); train.py and bench.py both call it.
 """
 
 import torch
@@ -132,3 +135,38 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
         "neg_cos": sums[9] / max(sums[10], 1.0),
     }
     return loss, stats
+
+
+def forward_backward(encode, batch, loss_fn, grad_cache=False, gradient_sync=None):
+    """Embeddings, eq. (7) loss and its gradient. -> stats. encode(chunk) -> (B, D) embeddings;
+    loss_fn(q, c, targets) -> (loss, stats); batch["query"] / batch["candidate"] are lists of collated
+    chunks. gradient_sync(flag), when given (FSDP2's set_requires_gradient_sync), lets GradCache reduce
+    gradients once, on the last chunk.
+
+    GradCache: 1) embed every chunk without a graph; 2) loss and d loss / d embedding on the detached
+    embeddings; 3) re-embed each chunk with a graph and backpropagate its cached gradient. Same gradients
+    as the plain step, at the memory of one chunk. Dropout replays the same RNG state."""
+    if not grad_cache:
+        q = torch.cat([encode(chunk) for chunk in batch["query"]])  # (n, D)
+        c = torch.cat([encode(chunk) for chunk in batch["candidate"]])  # (n * (1 + K), D)
+        loss, stats = loss_fn(q, c, batch["targets"])
+        loss.backward()
+        return stats
+    chunks = batch["query"] + batch["candidate"]
+    rng_states, reps = [], []
+    with torch.no_grad():
+        for chunk in chunks:
+            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None))
+            reps.append(encode(chunk))
+    reps = [r.detach().requires_grad_(True) for r in reps]
+    num_query_chunks = len(batch["query"])
+    loss, stats = loss_fn(torch.cat(reps[:num_query_chunks]), torch.cat(reps[num_query_chunks:]), batch["targets"])
+    loss.backward()
+    for i, (chunk, rep, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, reps, rng_states)):
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng)
+        if gradient_sync is not None:
+            gradient_sync(i == len(chunks) - 1)
+        encode(chunk).backward(rep.grad)
+    return stats

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import data
 import lora
 from configurator import configure, print_config, save_config
-from loss import pace_loss
+from loss import forward_backward, pace_loss
 from model import compute_init, load_embedder, read_checkpoint_info, save_hf_folder
 
 # -----------------------------------------------------------------------------
@@ -285,38 +285,6 @@ def step_loss(q, c, targets):
                      focal_gamma=focal_gamma, focal_temperature=focal_temperature)
 
 
-def forward_backward(batch):
-    """Embeddings, eq. (7) loss and its gradient. -> stats. batch["query"] / batch["candidate"] are lists
-    of collated chunks (one chunk each unless GradCache)."""
-    if not grad_cache_chunk:
-        q = torch.cat([encode(chunk) for chunk in batch["query"]])  # (n, D)
-        c = torch.cat([encode(chunk) for chunk in batch["candidate"]])  # (n * (1 + K), D)
-        loss, stats = step_loss(q, c, batch["targets"])
-        loss.backward()
-        return stats
-    # GradCache (Appendix C.1): 1) embed every chunk without a graph; 2) loss and d loss / d embedding on
-    # the detached embeddings; 3) re-embed each chunk with a graph and backpropagate its cached gradient.
-    # Same gradients as the plain step, at the memory of one chunk. Dropout replays the same RNG state.
-    chunks = batch["query"] + batch["candidate"]
-    rng_states, reps = [], []
-    with torch.no_grad():
-        for chunk in chunks:
-            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if device_.type == "cuda" else None))
-            reps.append(encode(chunk))
-    reps = [r.detach().requires_grad_(True) for r in reps]
-    num_query_chunks = len(batch["query"])
-    loss, stats = step_loss(torch.cat(reps[:num_query_chunks]), torch.cat(reps[num_query_chunks:]), batch["targets"])
-    loss.backward()
-    for i, (chunk, rep, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, reps, rng_states)):
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng)
-        if distributed:  # reduce-scatter gradients once, on the last chunk
-            embedder.set_requires_gradient_sync(i == len(chunks) - 1)
-        encode(chunk).backward(rep.grad)
-    return stats
-
-
 def grad_norm_and_clip():
     norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip if grad_clip > 0 else float("inf"))
     return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
@@ -358,7 +326,8 @@ while step < max_iters:
     lr = get_lr(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    stats = forward_backward(batch)
+    stats = forward_backward(encode, batch, step_loss, grad_cache=bool(grad_cache_chunk),
+                             gradient_sync=embedder.set_requires_gradient_sync if distributed else None)
     grad_norm = grad_norm_and_clip()
     finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm)  # the same on every rank
     if finite:
