@@ -1,25 +1,29 @@
 """
-The PACE objective: similarities, the Focal Embedding Loss, and the cross-rank gather.
+loss.py: the PACE objective. Embeddings in, a loss and its statistics out.
 
-Implements equations (1)-(7) of the paper (see shared/PACE.md):
-    s_cos(q, c) = q.c / (|q| |c|)                                    eq. (1), Stage I
-    s_dot(q, c) = q.c                                                eq. (2), Stage II
-    pi_i = softmax_j(s(q_i, c_j) / tau) at the positive,  l_i = -log pi_i       eq. (3)
-    p_i  = softmax_j(s_cos(q_i, c_j) / tau_w) at the positive (always cosine)  eq. (4)
-    a_i  = stopgrad[(1 - p_i)^gamma]                                 eq. (5)
-    L    = sum_i a_i l_i / sum_i a_i, sums over the global batch     eqs. (6), (7)
-With gamma = 0 every a_i = 1 and L is plain InfoNCE.
-
-Usage (train.py), on every rank:
-    loss, stats = pace_loss(q, c, targets, similarity="cos", temperature=0.1)
+    loss, stats = pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0)
     loss.backward()
-q holds this rank's queries, c this rank's candidates (its queries' positives and hard
-negatives) and targets[i] the index of query i's positive in the local c. Every query is
-ranked against the candidates of all ranks, gathered with an autograd-aware all-gather.
-Without torch.distributed (or with one process) nothing is gathered.
 
-forward_backward(encode, batch, loss_fn, grad_cache) is the training step's embed + loss + backward,
-plain or with GradCache (paper, Appendix C.1); train.py and bench.py both call it.
+q (N, D) holds this rank's queries, c (M, D) this rank's candidates (its queries' positives, then their
+hard negatives) and targets[i] the index of query i's positive in c. Every query is ranked against the
+candidates of all ranks, gathered with an autograd-aware all-gather; in one process nothing is gathered.
+
+The equations (paper, Section 3.3):
+    s_cos(q, c) = q.c / (|q| |c|)                                        eq. (1), Stage I
+    s_dot(q, c) = q.c                                                    eq. (2), Stage II
+    pi_i = softmax_j(s(q_i, c_j) / tau) at the positive,  l_i = -log pi_i            eq. (3)
+    p_i  = softmax_j(s_cos(q_i, c_j) / tau_w) at the positive: cosine in both stages  eq. (4)
+    a_i  = stopgrad[(1 - p_i)^gamma]                                     eq. (5)
+    L    = sum_i a_i l_i / sum_i a_i, both sums over the global batch     eqs. (6), (7)
+With gamma = 0 every a_i = 1 and L is plain InfoNCE (the VLM2Vec baseline).
+
+Figure 6(b) compares the focal weight of eq. (5) with three other query weightings. The paper names them
+but gives no formulas; these are this codebase's, each detached and normalised over the global batch
+exactly as eq. (5)'s (weighting=...):
+    "focal"           a_i = (1 - p_i)^gamma                                   eq. (5), the default
+    "random"          a_i ~ Uniform(0, 1), drawn afresh each step: weighting that knows nothing
+    "query_positive"  a_i = ((1 - s_cos(q_i, c_i+)) / 2)^gamma: a positive far from its query is hard
+    "query_negative"  a_i = ((1 + max_{j != +} s_cos(q_i, c_j)) / 2)^gamma: a close hardest negative is hard
 """
 
 import torch
@@ -28,14 +32,16 @@ import torch.distributed.nn.functional as dist_functional
 import torch.nn.functional as F
 
 NORMALIZE_EPS = 1e-6  # floor on |x| in eq. (1), so a zero vector gives cos = 0, not NaN
+WEIGHTINGS = ("focal", "random", "query_positive", "query_negative")
+COLLAPSE_SPREAD = 1e-4  # a batch whose every query sees logits within this of each other carries no signal
 
 
 def similarity_matrix(q, c, similarity):
     """(N, D) x (M, D) -> (N, M) float32 similarities: 'cos' (eq. 1) or 'dot' (eq. 2)."""
     if similarity not in ("cos", "dot"):
         raise ValueError(f"similarity must be 'cos' or 'dot', got {similarity!r}")
-    # float32 even inside a bf16 autocast region: logits at tau = 0.1 or on raw dot
-    # products of norm-30 vectors lose too much in bf16
+    # float32 even inside a bf16 autocast region: logits at tau = 0.1, or raw dot products of
+    # norm-30 vectors, lose too much in bf16
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, c = q.float(), c.float()
         if similarity == "cos":
@@ -51,23 +57,23 @@ def world_rank_and_size():
 
 
 def gather_candidates(c):
-    """(M, D) local candidates -> (world*M, D) candidates of all ranks, in rank order.
-    Autograd-aware: the backward sums every rank's gradient for c back into its owner."""
+    """(M, D) local candidates -> (world * M, D) candidates of all ranks, in rank order. Autograd-aware:
+    the backward sums every rank's gradient for c back into its owner."""
     rank, world = world_rank_and_size()
     if world == 1:
         return c
-    # every rank must contribute the same (M, D): a small all_gather of the shapes first,
-    # so a mismatch is a clear error on all ranks instead of a hang or garbage
+    # every rank must contribute the same (M, D): gather the shapes first, so a mismatch is a clear
+    # error on all ranks instead of a hang or garbage
     shape = torch.tensor(c.shape, dtype=torch.long, device=c.device)  # (2,)
     shapes = [torch.empty_like(shape) for _ in range(world)]
     dist.all_gather(shapes, shape)
     shapes = [tuple(s.tolist()) for s in shapes]
     if len(set(shapes)) != 1:
         raise ValueError(f"gather_candidates: every rank needs the same candidate shape (M, D), got {shapes} by rank")
-    return torch.cat(dist_functional.all_gather(c), dim=0)  # (world*M, D)
+    return torch.cat(dist_functional.all_gather(c), dim=0)  # (world * M, D)
 
 
-def check_inputs(q, c, targets):
+def check_inputs(q, c, targets, weighting):
     if q.dim() != 2 or q.shape[0] == 0:
         raise ValueError(f"q must be (N, D) with N >= 1, got shape {tuple(q.shape)}")
     if c.dim() != 2:
@@ -79,94 +85,85 @@ def check_inputs(q, c, targets):
     if targets.numel() and (targets.min() < 0 or targets.max() >= c.shape[0]):
         raise ValueError(f"targets must index the local candidates, 0 <= t < {c.shape[0]}, "
                          f"got range [{targets.min().item()}, {targets.max().item()}]")
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
 
 
-def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0, focal_temperature=0.1):
-    """Focal Embedding Loss, eqs. (3)-(7). q: (N, D) local queries, c: (M, D) local candidates,
-    targets: (N,) positive index in the local c. Returns (loss to backward, dict of floats)."""
-    check_inputs(q, c, targets)
+def query_weights(weighting, gamma, confidence, cos, positive):
+    """(N,) a_i of each query, before normalisation (the formulas are in the file docstring). confidence: (N,)
+    p_i of eq. (4); cos: (N, world * M) cosines; positive: (N, world * M) bool, True at each query's positive."""
+    if weighting == "focal":
+        return (1.0 - confidence).pow(gamma)  # eq. (5); 0^0 = 1, so gamma = 0 gives ones
+    if weighting == "random":
+        return torch.rand(confidence.shape, device=confidence.device)
+    if weighting == "query_positive":
+        return ((1.0 - cos[positive]) / 2).pow(gamma)  # cos[positive]: (N,), one positive a row
+    hardest_negative = cos.masked_fill(positive, -1.0).amax(dim=1)  # (N,)
+    return ((1.0 + hardest_negative) / 2).pow(gamma)
+
+
+def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0, focal_temperature=0.1,
+              weighting="focal"):
+    """Focal Embedding Loss, eqs. (3)-(7). q: (N, D) local queries, c: (M, D) local candidates, targets: (N,)
+    positive index in the local c. -> (loss to backpropagate, dict of floats, the same on every rank)."""
+    check_inputs(q, c, targets, weighting)
     rank, world = world_rank_and_size()
-    n_local, m_local = q.shape[0], c.shape[0]
-    all_c = gather_candidates(c)  # (world*M, D)
-    targets = targets + rank * m_local  # (N,) index into all_c
-    logits = similarity_matrix(q, all_c, similarity) / temperature  # (N, world*M) float32
-    nll = -logits.log_softmax(dim=-1).gather(1, targets[:, None]).squeeze(1)  # (N,) l_i, eq. (3)
-
+    all_c = gather_candidates(c)  # (world * M, D)
+    targets = targets + rank * c.shape[0]  # (N,) index into all_c
+    positive = F.one_hot(targets, all_c.shape[0]).bool()  # (N, world * M)
+    logits = similarity_matrix(q, all_c, similarity) / temperature  # (N, world * M) float32
+    nll = -logits.log_softmax(dim=-1)[positive]  # (N,) l_i = -log pi_i, eq. (3)
     with torch.no_grad():
-        cos = similarity_matrix(q, all_c, "cos")  # (N, world*M), eq. (1)
-        # eq. (4): the confidence is always cosine at its own temperature, even in Stage II
-        focal_confidence = (cos / focal_temperature).softmax(dim=-1).gather(1, targets[:, None]).squeeze(1)  # (N,)
-        weights = (1.0 - focal_confidence).pow(focal_gamma)  # (N,) a_i, eq. (5); 0^0 = 1 so gamma=0 gives ones
-        positive = F.one_hot(targets, all_c.shape[0]).bool()  # (N, world*M)
-        # one packed all-reduce for every sum: [sum a*l, sum a, sum pi, sum p, sum |q|, N,
-        # sum |c| (local c only, so each candidate counts once), M, sum pos cos, sum neg cos, #neg]
-        sums = torch.stack([
-            (weights * nll).sum(), weights.sum(), torch.exp(-nll).sum(), focal_confidence.sum(),
-            q.float().norm(dim=-1).sum(), torch.tensor(float(n_local), device=q.device),
-            c.float().norm(dim=-1).sum(), torch.tensor(float(m_local), device=q.device),
-            cos[positive].sum(), cos[~positive].sum(), (~positive).sum().float(),
-        ]).double()
-        extremes = torch.stack([-weights.min(), weights.max()]).double()  # max of -min is -min
-        if world > 1:
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-        global_weight_sum = sums[1].float()  # eq. (6): normalise by the weights of the whole batch
-
-    # eq. (7). Why world * (local numerator) / (global denominator) gives the right gradient:
-    # the full-batch loss is L = sum_r L_r with L_r = sum_{i on rank r} a_i l_i / sum_global a.
-    # Let every rank backpropagate its L_r. q_r enters only L_r, so rank r gets dL/dq_r. Rank
-    # r's candidates enter every L_r', and the all-gather backward sums each rank's gradient
-    # for them back to rank r, so rank r gets dL/dc_r. Rank r's parameter gradient is then its
-    # share of dL/dtheta, and the shares sum to dL/dtheta. FSDP/DDP average over ranks (divide
-    # by world), which the factor world undoes. With one process this is exactly L.
-    loss = world * (weights * nll).sum() / global_weight_sum
-
-    sums = sums.tolist()
-    n_global, m_global = sums[5], sums[7]
-    stats = {
-        "loss": sums[0] / sums[1],
-        "pos_prob": sums[2] / n_global,  # mean pi_i, eq. (3)
-        "focal_confidence": sums[3] / n_global,  # mean p_i, eq. (4)
-        "weight_min": -extremes[0].item(),  # a_i, eq. (5)
-        "weight_max": extremes[1].item(),
-        "query_norm": sums[4] / n_global,
-        "candidate_norm": sums[6] / m_global,
-        "pos_cos": sums[8] / n_global,
-        "neg_cos": sums[9] / max(sums[10], 1.0),
-    }
+        cos = similarity_matrix(q, all_c, "cos")  # (N, world * M), eq. (1)
+        confidence = (cos / focal_temperature).softmax(dim=-1)[positive]  # (N,) p_i, eq. (4): always cosine
+        weights = query_weights(weighting, focal_gamma, confidence, cos, positive)  # (N,) a_i, eq. (5)
+        stats = batch_statistics(q, c, nll, logits, cos, positive, confidence, weights)
+    # eqs. (6)-(7). Why world * (local numerator) / (global denominator) gives the right gradient: the
+    # full-batch loss is L = sum_r L_r with L_r = sum_{i on rank r} a_i l_i / sum_global a. Every rank
+    # backpropagates its L_r. q_r enters only L_r, so rank r gets dL/dq_r. Rank r's candidates enter every
+    # L_r', and the all-gather's backward sums each rank's gradient for them back to rank r, so rank r gets
+    # dL/dc_r. Rank r's parameter gradient is then its share of dL/dtheta, and the shares sum to dL/dtheta.
+    # FSDP averages gradients over ranks (divides by world), which the factor world undoes. In one process
+    # this is exactly L. A batch whose weights are all 0 (every query certain) gives 0, not 0/0.
+    loss = world * (weights * nll).sum() / max(stats.pop("weight_sum"), 1e-30)
     return loss, stats
 
 
-def forward_backward(encode, batch, loss_fn, grad_cache=False, gradient_sync=None):
-    """Embeddings, eq. (7) loss and its gradient. -> stats. encode(chunk) -> (B, D) embeddings;
-    loss_fn(q, c, targets) -> (loss, stats); batch["query"] / batch["candidate"] are lists of collated
-    chunks. gradient_sync(flag), when given (FSDP2's set_requires_gradient_sync), lets GradCache reduce
-    gradients once, on the last chunk.
+def reduced(values, op):
+    """{name: scalar tensor} -> {name: float}: each reduced over all ranks by op (SUM or MAX), one all-reduce."""
+    packed = torch.stack([v.double() for v in values.values()])
+    if world_rank_and_size()[1] > 1:
+        dist.all_reduce(packed, op=op)
+    return dict(zip(values, packed.tolist()))
 
-    GradCache: 1) embed every chunk without a graph; 2) loss and d loss / d embedding on the detached
-    embeddings; 3) re-embed each chunk with a graph and backpropagate its cached gradient. Same gradients
-    as the plain step, at the memory of one chunk. Dropout replays the same RNG state."""
-    if not grad_cache:
-        q = torch.cat([encode(chunk) for chunk in batch["query"]])  # (n, D)
-        c = torch.cat([encode(chunk) for chunk in batch["candidate"]])  # (n * (1 + K), D)
-        loss, stats = loss_fn(q, c, batch["targets"])
-        loss.backward()
-        return stats
-    chunks = batch["query"] + batch["candidate"]
-    rng_states, reps = [], []
-    with torch.no_grad():
-        for chunk in chunks:
-            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None))
-            reps.append(encode(chunk))
-    reps = [r.detach().requires_grad_(True) for r in reps]
-    num_query_chunks = len(batch["query"])
-    loss, stats = loss_fn(torch.cat(reps[:num_query_chunks]), torch.cat(reps[num_query_chunks:]), batch["targets"])
-    loss.backward()
-    for i, (chunk, rep, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, reps, rng_states)):
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng)
-        if gradient_sync is not None:
-            gradient_sync(i == len(chunks) - 1)
-        encode(chunk).backward(rep.grad)
-    return stats
+
+def batch_statistics(q, c, nll, logits, cos, positive, confidence, weights):
+    """What the log line and log.jsonl report, over the global batch: means of pi (eq. 3), p (eq. 4) and the
+    norms, positive and negative cosines, the range of a_i, and logit_spread, the widest range of one query's
+    logits over its candidates (about 0 when the embeddings collapsed to zero or to one vector)."""
+    one = torch.ones((), device=q.device)
+    sums = reduced({
+        "weighted_nll": (weights * nll).sum(), "weight_sum": weights.sum(), "pos_prob": torch.exp(-nll).sum(),
+        "focal_confidence": confidence.sum(), "query_norm": q.float().norm(dim=-1).sum(), "queries": one * len(q),
+        # the local c only, so each candidate counts once
+        "candidate_norm": c.float().norm(dim=-1).sum(), "candidates": one * len(c),
+        "pos_cos": cos[positive].sum(), "neg_cos": cos[~positive].sum(), "negatives": (~positive).sum(),
+    }, dist.ReduceOp.SUM)
+    spread = logits.amax(dim=1) - logits.amin(dim=1)  # (N,)
+    maxima = reduced({"weight_max": weights.max(), "minus_weight_min": -weights.min(), "logit_spread": spread.max()},
+                     dist.ReduceOp.MAX)
+    return {
+        "loss": sums["weighted_nll"] / max(sums["weight_sum"], 1e-30), "weight_sum": sums["weight_sum"],
+        "pos_prob": sums["pos_prob"] / sums["queries"],  # mean pi_i, eq. (3)
+        "focal_confidence": sums["focal_confidence"] / sums["queries"],  # mean p_i, eq. (4)
+        "weight_min": -maxima["minus_weight_min"], "weight_max": maxima["weight_max"],  # a_i, eq. (5)
+        "query_norm": sums["query_norm"] / sums["queries"], "candidate_norm": sums["candidate_norm"] / sums["candidates"],
+        "pos_cos": sums["pos_cos"] / sums["queries"], "neg_cos": sums["neg_cos"] / max(sums["negatives"], 1.0),
+        "logit_spread": maxima["logit_spread"],
+    }
+
+
+def collapsed(stats):
+    """True when the batch's embeddings collapsed (all to zero, or all to one vector): every logit of a query is
+    then the same, the loss is ln(candidates) and the gradient 0, so training cannot recover by itself."""
+    return stats["logit_spread"] < COLLAPSE_SPREAD

@@ -1,22 +1,23 @@
 """
 train.py: both PACE stages, one file, read top to bottom.
 
-    python train.py config/shapes_stage1.py                          # toy Stage I on a laptop CPU
-    torchrun --nproc_per_node=8 train.py config/stage1.py            # Stage I: LoRA, cosine, tau 0.1
-    torchrun --nproc_per_node=8 train.py config/stage2.py            # Stage II: merged, full, dot, tau 100
+    python train.py config/shapes_stage1.py                          # the toy's Stage I, on a laptop CPU
+    torchrun --nproc_per_node=8 train.py config/stage1.py            # Stage I: LoRA, cosine logits, tau 0.1
+    torchrun --nproc_per_node=8 train.py config/stage2.py            # Stage II: merged, full, dot logits, tau 100
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py ...
 
-Stage I (PACE.md, Table 3): LoRA on the language model, cosine logits (eq. 1), Focal Embedding Loss.
-Stage II: init_from a Stage I step folder; its adapters are merged (lora.merge_lora) and the whole
-language model trains with dot-product logits (eq. 2); the focal confidence stays cosine (eq. 4).
-The vision tower and its merger stay frozen in both.
+The defaults below are the paper's Stage I (Table 3); a config file or --key=value changes any of them.
+Stage I trains LoRA adapters on the language model with cosine logits (eq. 1). Stage II starts from a Stage I
+step folder, merges its adapters into the weights (lora.merge_lora) and trains the whole language model with
+dot-product logits (eq. 2). Both weight each query by the Focal Embedding Loss (eqs. 3-7, loss.py), whose
+confidence stays cosine. The vision tower and its merger stay frozen.
 
-Multi-GPU: FSDP2 (fully_shard per decoder layer, then the root, which holds the frozen vision tower),
-bf16 parameters with float32 gradient reduction and float32 master weights. Each rank encodes its share
-of the global batch; loss.py gathers the candidates of all ranks. Checkpoints are sharded
-(torch.distributed.checkpoint) and hold model, optimizer, data position, RNG, step and config;
-`--resume=True` continues the newest one exactly. At the end a merged Hugging Face folder is written
-to out_dir/export/.
+A step: each rank embeds its share of the global batch (queries, then their positives and hard negatives),
+loss.py ranks every query against the candidates of all ranks, backward, clip, AdamW. On several GPUs the
+model is sharded with FSDP2 (bf16 parameters, float32 gradient reduction and master weights).
+Checkpoints (checkpoint.py) hold model, optimizer, data position, RNG, step and config, each file checksummed;
+--resume=True continues the newest intact one exactly. At the end out_dir/export/ gets the merged model as a
+Hugging Face folder with a model card, and out_dir/curves.png the training curves.
 """
 import glob
 import json
@@ -29,27 +30,37 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
 
+import checkpoint
+import configurator
 import data
 import lora
-from configurator import configure, print_config, save_config
-from loss import forward_backward, pace_loss
-from model import compute_init, load_embedder, read_checkpoint_info, save_hf_folder
+import loss
+import mmeb
+import plot
+from configurator import compute_init, kernel_report, peak_flops
+from model import load_embedder
 
+configurator.install_error_hook()  # a mistake of ours to fix (a bad key, a missing file) ends in one line
 # -----------------------------------------------------------------------------
-# config: defaults are the paper's Stage I (Table 3); config/*.py files override them
-out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json and export/ go here
-init_from = ""  # a Hugging Face Qwen3.5 folder, or a step folder of an earlier run (Stage II)
-resume = False  # continue from the newest complete checkpoint in out_dir
+# config: the paper's Stage I (Table 3); config/*.py files and --key=value override it
+out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json, curves.png and export/ go here
+init_from = "models/Qwen3.5-0.8B-Base"  # a Hugging Face Qwen3.5 folder, or a step folder of an earlier run (Stage II)
+resume = False  # continue from the newest intact checkpoint in out_dir
+overwrite = False  # a fresh run where an earlier run's checkpoints are: delete them (else the run refuses to start)
 export_only = False  # with resume: write out_dir/export/ from the newest checkpoint and stop
-train_data = []  # list of paths (JSON Lines / Parquet) or (path, max_rows) pairs, mixed in one run
-image_dir = ""  # root that the rows' image paths are relative to
-skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
-max_iters = 2000  # optimizer steps
-batch_size = 32  # global queries per step, split evenly over the ranks
+train_data = ["data/mmE5/train.parquet"]  # paths (JSON Lines / Parquet) or (path, max_rows) pairs, mixed in one run
+image_dir = "data/mmE5/images"  # root that the rows' image paths are relative to
+allow_any_image_path = False  # let rows name images outside image_dir (absolute paths, ../)
+skip_bad_rows = False  # skip and count malformed rows and undecodable images instead of stopping with an error
+instructions = "paper"  # MMEB queries: 'paper' = Table 5's instruction per task format (mmeb.py), 'dataset' = their own
+max_iters = 7847  # optimizer steps: one epoch of ~2.0M rows at batch 256 (README, "Batch size")
+batch_size = 256  # global queries per step, split evenly over the ranks
 num_hard_negatives = 5  # per query; candidates = all positives + all hard negatives of the global batch
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
-max_pixels = 1605632  # image pixel budget (paper: 1,605,632)
+max_pixels = 1605632  # image pixel budget
 min_pixels = 0  # 0: the checkpoint's own minimum
 learning_rate = 2e-5  # AdamW peak learning rate
 warmup_ratio = 0.05  # share of max_iters with linear warmup
@@ -61,318 +72,412 @@ similarity = "cos"  # 'cos' (eq. 1, Stage I) or 'dot' (eq. 2, Stage II)
 temperature = 0.1  # tau of the contrastive logits: 0.1 for cos, 100 for dot
 focal_gamma = 2.0  # gamma of eq. (5); 0 is plain InfoNCE (the VLM2Vec baseline)
 focal_temperature = 0.1  # tau_w of the cosine focal confidence, eq. (4)
+weighting = "focal"  # query weights: 'focal' (eq. 5) or Figure 6(b)'s 'random', 'query_positive', 'query_negative'
 lora_rank = 32  # LoRA rank on the language model; 0 = full fine-tuning of the language model
 lora_alpha = 64  # LoRA scale is alpha / rank
 lora_dropout = 0.0  # dropout on the LoRA input
 grad_cache_chunk = 0  # GradCache (Appendix C.1): items per chunk, 0 = off
 micro_batch = 32  # without GradCache: at most this many items a forward call (data.split_by_length)
-num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise)
+num_workers = 8  # DataLoader worker processes per rank (decode, resize, tokenise)
 checkpoint_interval = 500  # save a checkpoint every this many steps (and at the last step)
-keep_checkpoints = [2000]  # steps whose checkpoints pruning never removes (Stage II starts from 2000)
+keep_checkpoints = [2000, 4000, 7847]  # never pruned: Stage II starts from 2,000; Figure 6(a) from 4,000 and 7,847
 keep_last = 2  # newest checkpoints kept besides keep_checkpoints
-max_bad_steps = 10  # stop after this many non-finite losses in a row
-log_interval = 10  # print and log every this many steps
+max_bad_steps = 10  # stop after this many bad steps in a row (non-finite, or the embeddings collapsed)
+log_interval = 10  # print and log every this many steps (and at least every 30 s)
 seed = 1337  # seeds data order, LoRA init and dropout
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
 dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype; master weights stay float32
-compile = False  # torch.compile each decoder layer
-activation_checkpointing = False  # recompute each decoder layer in backward to save memory
-wandb_log = False  # also log to Weights & Biases
+activation_checkpointing = True  # recompute each decoder layer in backward: the paper's batch needs it at 80 GB
+threads = 0  # torch threads of each process on a CPU (0: torch's default)
+timeout_minutes = 10.0  # a collective that waits longer (a stopped or dead rank) ends the run
+wandb_log = False  # also log to Weights & Biases (pip install wandb); a resumed run continues the same W&B run
 wandb_project = "pace"  # W&B project
 wandb_run_name = ""  # W&B run name ('' = out_dir)
-config = configure(globals(), sys.argv[1:])
+config = configurator.configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
-
-rank, local_rank, world_size, device_ = compute_init(device)
-master = rank == 0
-distributed = world_size > 1
+rank, local_rank, world_size, device = compute_init(device, timeout_minutes)
+master, distributed = rank == 0, world_size > 1
+if not master:
+    sys.stdout = open(os.devnull, "w")  # rank 0 speaks for all; every rank's errors still reach stderr
+for key, allowed in (("similarity", ("cos", "dot")), ("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")),
+                     ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset"))):
+    if config[key] not in allowed:
+        raise ValueError(f"{key} must be one of {allowed}, got {config[key]!r}")
 if batch_size % world_size:
     raise ValueError(f"batch_size={batch_size} must split evenly over {world_size} ranks")
-if similarity not in ("cos", "dot"):
-    raise ValueError(f"similarity must be 'cos' or 'dot', got {similarity!r}")
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+ptdtype = getattr(torch, dtype)
+if threads:
+    torch.set_num_threads(threads)
 torch.manual_seed(seed + rank)
+
+
+def barrier():
+    if distributed:
+        dist.barrier()
+
+
+# out_dir: never mix two runs, and clear what a crash left
+export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
+earlier = checkpoint.complete(out_dir) + ([export_dir] if os.path.isdir(export_dir) else [])
+if earlier and not (resume or export_only or overwrite):
+    raise FileExistsError(f"{out_dir} holds an earlier run ({', '.join(map(os.path.basename, earlier))}): continue it "
+                          "with --resume=True, write elsewhere with --out_dir=..., or start over with --overwrite=True "
+                          "(deletes them)")
 if master:
     os.makedirs(out_dir, exist_ok=True)
-    print_config(config)
-    save_config(config, os.path.join(out_dir, "config.json"))
-
-
-def log0(*args):
-    if master:
-        print(*args, flush=True)
-
-
-def complete_checkpoints():
-    """Step folders of out_dir that finished writing, oldest first."""
-    paths = [p for p in glob.glob(os.path.join(out_dir, "step_*")) if not p.endswith(".tmp")]
-    return sorted(p for p in paths if os.path.isfile(os.path.join(p, "pace.json")))
-
+    for stale in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp")):  # a run stopped while writing it
+        shutil.rmtree(stale) if os.path.isdir(stale) else os.remove(stale)
+        print(f"removed {stale}, left unfinished by a run that stopped while writing it")
+    if earlier and overwrite and not (resume or export_only):
+        for path in earlier + [log_path]:
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path) if os.path.exists(path) else None
+        print(f"overwrite=True: deleted the earlier run's {', '.join(map(os.path.basename, earlier))}")
+    configurator.print_config(config)
+    configurator.save_config(config, os.path.join(out_dir, "config.json"))
+barrier()
+resume_from = [checkpoint.newest_intact(out_dir) if master and (resume or export_only) else None]
+if distributed:
+    dist.broadcast_object_list(resume_from, src=0)  # every rank resumes from what rank 0 verified
+resume_from = resume_from[0]
+if (resume or export_only) and resume_from is None:
+    if export_only:
+        raise FileNotFoundError(f"no intact checkpoint in {out_dir}: nothing to export")
+    print(f"no intact checkpoint in {out_dir}: starting fresh")
 
 # -----------------------------------------------------------------------------
 # model: a Hugging Face backbone, or a Stage I step folder whose LoRA is merged first (Stage II)
 
-resume_from = complete_checkpoints()[-1] if (resume or export_only) and complete_checkpoints() else None
-if (resume or export_only) and resume_from is None:
-    log0(f"no complete checkpoint in {out_dir}: {'nothing to export' if export_only else 'starting fresh'}")
-    if export_only:
-        sys.exit(1)
-if not init_from:
-    raise ValueError("set init_from to a Qwen3.5 folder or a training step folder")
 pixel_args = dict(max_length=max_length, max_pixels=max_pixels or None, min_pixels=min_pixels or None)
 embedder, init_info = load_embedder(init_from, torch.float32, **pixel_args)
-backbone = init_info.get("backbone", init_from)  # the Hugging Face folder at the root of the lineage
+backbone = os.path.abspath(init_info.get("backbone", init_from))  # the Hugging Face folder the lineage began with
 if lora.merge_lora(embedder):  # Stage II from a Stage I step folder: fold its adapters into W
-    log0(f"merged the LoRA adapters of {init_from}")
+    print(f"merged the LoRA adapters of {init_from}")
+language_model = embedder.model.language_model
 torch.manual_seed(seed)  # identical adapter init on every rank
 if lora_rank > 0:
     wrapped = lora.inject_lora(embedder.model, lora_rank, lora_alpha, lora_dropout)
-    log0(f"LoRA rank {lora_rank} on {len(wrapped)} linear layers of the language model")
 else:
     embedder.requires_grad_(False)
-    embedder.model.language_model.requires_grad_(True)  # full fine-tuning; vision tower stays frozen
+    language_model.requires_grad_(True)  # full fine-tuning; the vision tower stays frozen
 torch.manual_seed(seed + rank)
-layers = embedder.model.language_model.layers
 if activation_checkpointing:
-    embedder.model.language_model.activation_checkpointing_enable({"use_reentrant": False})
-if compile:
-    for layer in layers:
-        layer.compile()  # in place: parameter names, and so checkpoints, are unchanged
-embedder.to(device_)
+    embedder.enable_activation_checkpointing()
+embedder.to(device)
 autocast = nullcontext()
-if distributed:
+
+
+def fully_shard_embedder():
+    """FSDP2 in torchtitan's order: each decoder layer is a unit (its all-gather overlaps the previous layer's
+    compute), then the root, which holds the embeddings and the frozen vision tower. The tower is not a unit of
+    its own: a rank whose batch has no image never calls it, and a unit's all-gather is a collective every rank
+    must join; in the root it is gathered at every forward. bf16 compute, float32 gradient reduction; the
+    optimizer keeps float32 master weights."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32)
-    for layer in layers:
+    for layer in language_model.layers:
         fully_shard(layer, mp_policy=policy)
-    # The frozen vision tower is not a unit of its own: a rank whose batch holds no image never calls it,
-    # and a unit's all-gather is a collective every rank must join. In the root unit it is gathered with
-    # the embeddings at every forward, whichever ranks see images.
     fully_shard(embedder, mp_policy=policy)
+
+
+if distributed:
+    fully_shard_embedder()
 elif ptdtype != torch.float32:
-    autocast = torch.autocast(device_.type, dtype=ptdtype)
+    autocast = torch.autocast(device.type, dtype=ptdtype)
 trainable = [p for p in embedder.parameters() if p.requires_grad]
-num_trainable = sum(p.numel() for p in trainable)
-num_language = sum(p.numel() for p in embedder.model.language_model.parameters())
-log0(f"trainable parameters: {num_trainable / 1e6:.2f}M of {num_language / 1e6:.2f}M in the language model")
-
-decay = [p for p in trainable if p.dim() >= 2]
-no_decay = [p for p in trainable if p.dim() < 2]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}],
-                              lr=learning_rate, betas=adam_betas, fused=device_.type == "cuda")
+num_trainable, num_language = sum(p.numel() for p in trainable), sum(p.numel() for p in language_model.parameters())
+print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
+    f"rank-{lora_rank} LoRA adapters on {len(wrapped)} linear layers of the {(num_language - num_trainable) / 1e6:.2f}M"
+    "-parameter language model" if lora_rank > 0 else "the whole language model") + "; the vision tower is frozen")
+print(kernel_report(device))
 
 
-def get_lr(step):
-    """Linear warmup over warmup_ratio * max_iters, then decay to zero (or constant)."""
+def adamw_options(torch_version, device_type, sharded):
+    """AdamW's implementation for this torch and device. Fused (one kernel for all parameters) is the fastest on
+    CUDA, but on FSDP2's DTensor parameters torch 2.10 and 2.11 leak host memory with it, about one DTensorSpec
+    per tensor per step (pytorch issues 181761, 188174): foreach there. On a CPU, foreach."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    if device_type == "cuda" and not (sharded and (major, minor) in ((2, 10), (2, 11))):
+        return {"fused": True}
+    return {"foreach": True}
+
+
+decay, no_decay = [p for p in trainable if p.dim() >= 2], [p for p in trainable if p.dim() < 2]
+optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                              lr=learning_rate, betas=adam_betas, **adamw_options(torch.__version__, device.type, distributed))
+
+
+def get_lr(it):
+    """Linear warmup over warmup_ratio * max_iters, then decay to zero (or constant). it: 0-based step."""
     warmup = max(1, round(warmup_ratio * max_iters))
-    if step < warmup:
-        return learning_rate * (step + 1) / warmup
-    progress = (step - warmup) / max(1, max_iters - warmup)
+    if it < warmup:
+        return learning_rate * (it + 1) / warmup
+    progress = (it - warmup) / max(1, max_iters - warmup)
     if lr_decay == "cosine":
         return learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
-    if lr_decay == "linear":
-        return learning_rate * (1 - progress)
-    return learning_rate
+    return learning_rate * (1 - progress) if lr_decay == "linear" else learning_rate
 
 
 # -----------------------------------------------------------------------------
 # data: this rank's share of each global batch, decoded and tokenised in worker processes
 
 preprocessor = embedder.preprocessor
-rows = data.load_train_rows(train_data, image_dir, num_hard_negatives, seed=seed, skip_bad_rows=skip_bad_rows)
-dataset = data.TrainDataset(rows, preprocessor)
+query_instructions = mmeb.Instructions(instructions)
+rows = data.load_train_rows(train_data, image_dir, num_hard_negatives, seed=seed, skip_bad_rows=skip_bad_rows,
+                            allow_any_image_path=allow_any_image_path, instructions=query_instructions)
+if query_instructions.counts:
+    print(f"instructions='{instructions}' on the queries: {query_instructions.summary()}")
+dataset = data.TrainDataset(rows, preprocessor, skip_bad_rows)
 sampler = data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
-# Each side's items are sorted by length and cut into chunks, one forward call each: short items no longer
-# pad to the longest of the batch (bench.py measures the padding share). The number of chunks depends on
-# the item count alone, never on tokens: every rank must make the same number of forward calls, each FSDP2
-# forward being a collective; the cuts go where padding is least.
+# Each side's items are sorted by length and cut into chunks, one forward call each: short items do not pad to
+# the longest of the batch. The number of chunks depends on the item count alone, never on tokens: every rank
+# makes the same number of forward calls, each FSDP2 forward being a collective.
 collate = data.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
-loader_args = dict(batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
-                   pin_memory=device_.type == "cuda")
-log0(f"{len(dataset)} training rows, {sampler.batches_per_epoch} steps per epoch at batch {batch_size}")
+loader_args = dict(batch_sampler=sampler, num_workers=num_workers, collate_fn=collate, pin_memory=device.type == "cuda")
+print(f"{len(dataset):,} training rows, {sampler.batches_per_epoch:,} steps an epoch at batch {batch_size}")
 
 
 # -----------------------------------------------------------------------------
-# checkpoints
-
-def checkpoint_state():
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    model_state, optim_state = get_state_dict(embedder, optimizer)
-    return {"model": model_state, "optim": optim_state}
-
+# checkpoints: out_dir/step_NNNNNN (the format is in checkpoint.py)
 
 def save_checkpoint(step):
-    """out_dir/step_NNNNNN: sharded model and optimizer, plus pace.json and each rank's RNG. Written to a
-    .tmp folder and renamed, so the newest complete checkpoint is never half-written."""
-    import torch.distributed.checkpoint as dcp
-    path = os.path.join(out_dir, f"step_{step:06d}")
+    """Each rank writes its shards and RNG state into step_NNNNNN.tmp; rank 0 records every file's size and
+    checksum in pace.json and renames the folder, so a complete-looking checkpoint is a complete one."""
+    path = checkpoint.step_path(out_dir, step)
     tmp = path + ".tmp"
     if master:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-    if distributed:
-        dist.barrier()
-    dcp.save(checkpoint_state(), checkpoint_id=tmp)
-    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_.type == "cuda" else None}
+    barrier()
+    model_state, optim_state = get_state_dict(embedder, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None}
     torch.save(rng, os.path.join(tmp, f"rng_rank{rank}.pt"))
-    if distributed:
-        dist.barrier()
+    barrier()
+    files = checkpoint.record_files(tmp, rank, world_size)
     if master:
         info = {"step": step, "backbone": backbone, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
                 "similarity": similarity, "sampler": sampler.state_dict(), "world_size": world_size,
-                "bad_steps": bad_steps_total, "config": config}
-        with open(os.path.join(tmp, "pace.json"), "w") as f:
+                "bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total, "config": config, "files": files}
+        with open(os.path.join(tmp, checkpoint.INFO), "w") as f:
             json.dump(info, f, indent=2)
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-        prune_checkpoints()
-    if distributed:
-        dist.barrier()
-    log0(f"saved {path}")
-
-
-def prune_checkpoints():
-    steps = complete_checkpoints()
-    for path in steps[:-keep_last] if keep_last > 0 else steps:
-        if read_checkpoint_info(path)["step"] not in keep_checkpoints:
-            shutil.rmtree(path, ignore_errors=True)
+        kept = checkpoint.complete(out_dir)
+        for old in kept[:-keep_last] if keep_last > 0 else kept:
+            if checkpoint.read_info(old)["step"] not in keep_checkpoints:
+                shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    print(f"saved {path}")
 
 
 def load_checkpoint(path):
-    """Restore model, optimizer and this rank's RNG from a step folder; -> its pace.json."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-    info = read_checkpoint_info(path)
-    state = checkpoint_state()
-    dcp.load(state, checkpoint_id=path)
+    """Restore model, optimizer and this rank's RNG from a verified step folder; -> its pace.json."""
+    info = checkpoint.read_info(path)
+    model_state, optim_state = get_state_dict(embedder, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    checkpoint.load_state(state, path)
     set_state_dict(embedder, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng_path = os.path.join(path, f"rng_rank{rank}.pt")
     if os.path.isfile(rng_path) and info.get("world_size") == world_size:
-        rng = torch.load(rng_path, weights_only=False)
+        rng = checkpoint.load_rng(rng_path)
         torch.set_rng_state(rng["cpu"])
-        if rng["cuda"] is not None and device_.type == "cuda":
+        if rng["cuda"] is not None and device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"])
     return info
 
 
 def export(step):
-    """out_dir/export/: the consolidated model with LoRA merged, as a Hugging Face folder."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    """out_dir/export/: the consolidated model with LoRA merged, as a Hugging Face folder with a model card."""
     state = get_model_state_dict(embedder, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master:
         state = lora.merge_lora_state_dict(state, lora_alpha / lora_rank if lora_rank > 0 else 0.0)
-        save_hf_folder(state, backbone, os.path.join(out_dir, "export"),
-                       {"step": step, "backbone": backbone, "similarity": similarity, "lora_rank": 0})
-        print(f"exported {os.path.join(out_dir, 'export')}", flush=True)
+        info = {"step": step, "backbone": backbone, "similarity": similarity, "lora_rank": 0,
+                "trained_lora_rank": lora_rank, "config": config}
+        checkpoint.save_hf_folder(state, backbone, export_dir, info, checkpoint.model_card(info, export_dir))
+        print(f"exported {export_dir}")
+    barrier()
+
+
+def parameters_finite():
+    """True when every trainable parameter is finite on every rank: a checkpoint is only written then."""
+    local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in trainable)
+    flag = torch.tensor(float(local), device=device)
     if distributed:
-        dist.barrier()
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
 
 
 # -----------------------------------------------------------------------------
 # the training step
 
-def encode(batch):
-    """A collated batch on this rank -> (B, D) float32 embeddings."""
-    batch = {k: v.to(device_, non_blocking=True) if v is not None else None for k, v in batch.items()}
+def embed(chunk):
+    """One collated chunk of this rank's batch -> (B, D) float32 embeddings."""
     with autocast:
-        return embedder(**batch)
+        return embedder(**chunk)
 
 
-def step_loss(q, c, targets):
-    return pace_loss(q, c, targets.to(device_), similarity=similarity, temperature=temperature,
-                     focal_gamma=focal_gamma, focal_temperature=focal_temperature)
+def compute_loss(q, c, targets):
+    """eqs. (3)-(7) over the global batch (loss.py) -> (loss, statistics)."""
+    return loss.pace_loss(q, c, targets.to(device), similarity=similarity, temperature=temperature,
+                          focal_gamma=focal_gamma, focal_temperature=focal_temperature, weighting=weighting)
 
 
-def grad_norm_and_clip():
+def forward_backward(batch):
+    """Embed the batch, compute the loss and backpropagate. -> the loss statistics.
+    Plain: one graph over every chunk, one backward. GradCache (Appendix C.1), a large batch in the memory of
+    one chunk: 1) embed every chunk without a graph; 2) the loss, and its gradient with respect to those
+    embeddings; 3) embed each chunk again, with a graph, and backpropagate its share of that gradient. The same
+    gradients as the plain step: each re-embedding replays its first pass's RNG state (dropout draws the same
+    masks), and FSDP2 reduces gradients once, after the last chunk."""
+    if not grad_cache_chunk:
+        q = torch.cat([embed(chunk) for chunk in batch["query"]])  # (n, D)
+        c = torch.cat([embed(chunk) for chunk in batch["candidate"]])  # (n * (1 + K), D)
+        batch_loss, stats = compute_loss(q, c, batch["targets"])
+        batch_loss.backward()
+        return stats
+    chunks = batch["query"] + batch["candidate"]
+    rng_states, embeddings = [], []
+    with torch.no_grad():  # 1)
+        for chunk in chunks:
+            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if device.type == "cuda" else None))
+            embeddings.append(embed(chunk).requires_grad_())
+    num_query_chunks = len(batch["query"])
+    q, c = torch.cat(embeddings[:num_query_chunks]), torch.cat(embeddings[num_query_chunks:])
+    batch_loss, stats = compute_loss(q, c, batch["targets"])
+    batch_loss.backward()  # 2) d loss / d embedding into each embeddings[i].grad
+    for i, (chunk, cached, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, embeddings, rng_states)):  # 3)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng)
+        if distributed:
+            embedder.set_requires_gradient_sync(i == len(chunks) - 1)
+        embed(chunk).backward(cached.grad)
+    return stats
+
+
+def clip_gradients():
+    """Clip the global gradient norm to grad_clip; -> the norm before clipping (the same on every rank)."""
     norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip if grad_clip > 0 else float("inf"))
     return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
-
-
-def count_tokens(batch):
-    chunks = batch["query"] + batch["candidate"]
-    return sum(int(chunk["attention_mask"].sum()) for chunk in chunks), sum(chunk["attention_mask"].numel() for chunk in chunks)
 
 
 # -----------------------------------------------------------------------------
 # the loop
 
-step, bad_steps_total = 0, 0
+step, bad_steps_total, skipped_rows_total = 0, 0, 0
 if resume_from:
     info = load_checkpoint(resume_from)
-    step, bad_steps_total = info["step"], info.get("bad_steps", 0)
+    step, bad_steps_total, skipped_rows_total = info["step"], info.get("bad_steps", 0), info.get("skipped_rows", 0)
     sampler.load_state_dict(info["sampler"])
-    log0(f"resumed from {resume_from} at step {step}")
+    print(f"resumed from {resume_from} at step {step}")
 if export_only:
     export(step)
     sys.exit(0)
+if master:  # log.jsonl holds this run's steps: a resumed run drops what came after its checkpoint
+    records = [line for line in open(log_path)] if resume_from and os.path.exists(log_path) else []
+    with open(log_path, "w") as f:
+        f.writelines(line for line in records if json.loads(line)["step"] <= step)
 if wandb_log and master:
-    import wandb
-    wandb.init(project=wandb_project, name=wandb_run_name or out_dir, config=config)
+    wandb = configurator.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
 
-peak_flops = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}
-gpu_peak = next((v for k, v in peak_flops.items() if device_.type == "cuda" and k in torch.cuda.get_device_name()), None)
-# MFU counts matmul weights only (the token embedding is a lookup) and real tokens only (not padding):
-# forward 2N, backward 4N (LoRA: 2N, no weight gradients). Attention and the vision tower are left out.
-num_matmul = num_language - embedder.model.language_model.embed_tokens.weight.numel()
-flops_per_token = (6 if lora_rank == 0 else 4) * num_matmul
-bad_in_row, tokens_seen, real_seen, t0 = 0, 0, 0, time.time()
+gpu_peak = peak_flops(device)
+window = dict(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=time.time(), step=step)  # since the last line
+start = time.time()
+
+
+def log_step(step, stats, lr, grad_norm):
+    """One log line and one log.jsonl record, averaged over the steps since the last one."""
+    global skipped_rows_total
+    now, skipped = time.time(), window["skipped_count"]
+    interval, steps_done = now - window["start"], step - window["step"]
+    skipped_rows_total += skipped
+    record = {"step": step, "time": now, "elapsed": now - start, "loss": stats["loss"], "lr": lr,
+              "grad_norm": grad_norm, "tokens_per_s": window["tokens"] * world_size / interval,  # padding included
+              "padding": 1 - window["real"] / max(window["tokens"], 1), "bad_steps": bad_steps_total,
+              "skipped_rows": skipped_rows_total, **{k: v for k, v in stats.items() if k != "loss"}}
+    if device.type == "cuda":
+        record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    if gpu_peak:
+        record["mfu"] = window["flops"] / interval / gpu_peak  # this rank's useful FLOP/s against its GPU's peak
+    left = (max_iters - step) * interval / max(steps_done, 1)
+    if master:
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if wandb_log:
+            wandb.log(record, step=step)
+    print(f"step {step}/{max_iters} | loss {stats['loss']:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
+          f"pos_prob {stats['pos_prob']:.3f} | q_norm {stats['query_norm']:.2f} | {record['tokens_per_s']:,.0f} tok/s"
+          + (f" | mfu {record['mfu']:.1%}" if gpu_peak else "")
+          + f" | {configurator.duration(now - start)} elapsed, ~{configurator.duration(left)} left", flush=True)
+    if skipped:  # every rank's count; rank 0's own rows for the example
+        example = f", e.g. {window['skipped'][0]}" if window["skipped"] else ""
+        print(f"  skipped {skipped} rows that do not decode ({skipped_rows_total} in all){example}")
+    window.update(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=now, step=step)
+
+
+bad_in_row, first_bad = 0, 0
 embedder.train()
 loader = iter(torch.utils.data.DataLoader(dataset, **loader_args))  # endless: epochs follow each other
 while step < max_iters:
+    step += 1  # the number of this step, from 1, as every line and record shows it
     batch = next(loader)
     sampler.position += 1  # consumed (workers prefetch ahead; checkpoints save what the loop used)
-    lr = get_lr(step)
+    lr = get_lr(step - 1)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    stats = forward_backward(encode, batch, step_loss, grad_cache=bool(grad_cache_chunk),
-                             gradient_sync=embedder.set_requires_gradient_sync if distributed else None)
-    grad_norm = grad_norm_and_clip()
-    finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm)  # the same on every rank
-    if finite:
+    stats = forward_backward(batch)
+    grad_norm = clip_gradients()
+    problem = ("a non-finite loss or gradient" if not (math.isfinite(stats["loss"]) and math.isfinite(grad_norm))
+               else "collapsed embeddings (every logit of a query alike)" if loss.collapsed(stats) else "")
+    if not problem:  # the same verdict on every rank: the loss and the norm are global
         optimizer.step()
         bad_in_row = 0
     else:
-        bad_in_row, bad_steps_total = bad_in_row + 1, bad_steps_total + 1
-        log0(f"step {step}: non-finite loss {stats['loss']} or grad norm {grad_norm}; update skipped "
-             f"({bad_in_row} in a row, {bad_steps_total} in all)")
+        bad_in_row, bad_steps_total, first_bad = bad_in_row + 1, bad_steps_total + 1, first_bad if bad_in_row else step
+        print(f"step {step}/{max_iters}: {problem} (loss {stats['loss']}, grad norm {grad_norm}); update skipped "
+              f"({bad_in_row} in a row, {bad_steps_total} in all)")
     optimizer.zero_grad(set_to_none=True)
-    real, computed = count_tokens(batch)
-    tokens_seen, real_seen = tokens_seen + computed, real_seen + real
-    step += 1
-    if step % log_interval == 0 or step == max_iters or step == 1:
-        elapsed, t0 = time.time() - t0, time.time()
-        tokens_per_s = tokens_seen * world_size / elapsed  # computed positions, padding included
-        real_per_s = real_seen * world_size / elapsed
-        tokens_seen = real_seen = 0
-        record = {"step": step, "loss": stats["loss"], "lr": lr, "grad_norm": grad_norm,
-                  "tokens_per_s": tokens_per_s, "padding": 1 - real / computed, "bad_steps": bad_steps_total,
-                  **{k: v for k, v in stats.items() if k != "loss"}}
-        if device_.type == "cuda":
-            record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-            if gpu_peak:
-                record["mfu"] = flops_per_token * real_per_s / (gpu_peak * world_size)
-        if master:
-            with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
-            extra = f" mfu {record['mfu']:.1%}" if "mfu" in record else ""
-            print(f"step {step}/{max_iters} | loss {stats['loss']:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
-                  f"pos_prob {stats['pos_prob']:.3f} | q_norm {stats['query_norm']:.2f} | "
-                  f"{tokens_per_s:.0f} tok/s{extra}", flush=True)
-            if wandb_log:
-                wandb.log(record, step=step)
+    chunks = batch["query"] + batch["candidate"]
+    window["real"] += sum(int(chunk["attention_mask"].sum()) for chunk in chunks)
+    window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)
+    window["flops"] += embedder.step_flops(chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
+    window["skipped"] += batch["skipped"]
+    # this rank's undecodable rows and whether it has been 30 s since the last line, summed over the ranks, so
+    # every rank logs (a collective, for the skipped count) at the same steps
+    counts = torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30)], device=device)
+    if distributed:
+        dist.all_reduce(counts)
+    window["skipped_count"] += int(counts[0])
+    if step % log_interval == 0 or step in (1, max_iters) or counts[1] > 0:
+        log_step(step, stats, lr, grad_norm)
     if bad_in_row >= max_bad_steps:
-        log0(f"stopping: {bad_in_row} non-finite steps in a row; the last good checkpoint is "
-             f"{(complete_checkpoints() or ['none'])[-1]}")
         break
-    if finite and (step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints):
-        save_checkpoint(step)
+    if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints:
+        finite = not problem and parameters_finite()  # a checkpoint only of weights that are all numbers
+        if finite:
+            save_checkpoint(step)
+        else:
+            print(f"step {step}: no checkpoint written: " + (problem if problem else "the parameters are not all finite"))
 
 stopped = bad_in_row >= max_bad_steps
-if not stopped:
+if stopped:
+    # step first_bad's forward ran on the weights of step first_bad - 1: that checkpoint, and any after it, hold
+    # the weights that went wrong. They move aside (nothing is deleted), so --resume=True takes the one before.
+    if master:
+        for path in checkpoint.complete(out_dir):
+            if checkpoint.read_info(path)["step"] >= first_bad - 1:
+                os.replace(path, path + ".suspect")
+                print(f"moved {path} aside to {path}.suspect: its weights led to step {first_bad}")
+    good = checkpoint.complete(out_dir)
+    print(f"stopping: {bad_in_row} bad steps in a row from step {first_bad}; the last good checkpoint is "
+          f"{good[-1] if good else 'none'}")
+else:
     export(step)
+    if master:
+        plot.save(plot.training_curves([log_path]), os.path.join(out_dir, "curves.png"))
+        print(f"drew {os.path.join(out_dir, 'curves.png')}")
+barrier()
 if distributed:
-    dist.barrier()
     dist.destroy_process_group()
 sys.exit(1 if stopped else 0)

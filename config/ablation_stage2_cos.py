@@ -1,6 +1,7 @@
-# Ablation "w/o Dot" (paper Table 2): Stage II keeps cosine logits at tau 0.1; merged LoRA, full fine-tuning.
-import os
-exec(open(os.path.join(os.path.dirname(__file__), "stage2.py")).read())
+# "PACE w/o Dot" (paper Table 2): Stage II keeps cosine logits at tau 0.1; merged LoRA, full fine-tuning, focal.
+#   torchrun --nproc_per_node=8 train.py config/ablation_stage2_cos.py        # after config/stage1.py
 out_dir = "out/ablation_stage2_cos"
-similarity = "cos"
-temperature = 0.1
+init_from = "out/stage1/step_002000"
+learning_rate = 2e-6
+lora_rank = 0
+keep_checkpoints = []

@@ -1,25 +1,21 @@
-# Toy Stage I on the shapes benchmark: a tiny random Qwen3.5 on 2 CPU cores in a few minutes.
+# The toy's Stage I: a tiny random Qwen3.5 learns the shapes benchmark on 2 CPU cores in a few minutes.
 #   python data/shapes/prepare.py && python train.py config/shapes_stage1.py
-# Same recipe as config/stage1.py (LoRA, cosine, focal), scaled to the toy: fewer, bigger steps.
+# PACE's Stage I recipe (LoRA, cosine, focal), scaled to the toy: fewer, bigger steps.
 out_dir = "out/shapes_stage1"
-init_from = "data/shapes/tiny-qwen3.5"  # written by data/shapes/prepare.py (model.make_tiny_checkpoint)
+init_from = "data/shapes/tiny-qwen3.5"  # written by data/shapes/prepare.py (data/shapes/tiny_model.py)
 train_data = ["data/shapes/train.jsonl"]
 image_dir = "data/shapes/images"
 batch_size = 32
 num_hard_negatives = 3
 max_iters = 150
 learning_rate = 3e-3  # a random tiny model needs far larger steps than a pretrained 0.8B (5e-3 learned less here)
-warmup_ratio = 0.05
-similarity = "cos"
-temperature = 0.1
-focal_gamma = 2.0
 lora_rank = 16
 lora_alpha = 32
 max_pixels = 128 * 128
 max_length = 512
 dtype = "float32"
 device = "cpu"
+activation_checkpointing = False
 num_workers = 1
 checkpoint_interval = 50
 keep_checkpoints = [100]  # Stage II starts here, before Stage I converges (as the paper's step 2,000)
-log_interval = 10

@@ -1,11 +1,22 @@
-# Toy Stage II: from toy Stage I's step 100, LoRA merged, full language model, dot product at tau 100.
+# The toy's Stage II: from the toy's Stage I step 100, LoRA merged, the whole language model, dot product.
 #   python train.py config/shapes_stage2.py
-import os
-exec(open(os.path.join(os.path.dirname(__file__), "shapes_stage1.py")).read())
+# The toy's scale, as config/shapes_stage1.py; then Stage II's recipe.
 out_dir = "out/shapes_stage2"
 init_from = "out/shapes_stage1/step_000100"
-similarity = "dot"
-temperature = 6.4  # the tiny model's norms are sqrt(64) = 8: dot/6.4 matches cos/0.1 in scale (PACE.md on tau = 100)
-lora_rank = 0
-learning_rate = 5e-4  # full fine-tuning of the tiny model; 2e-4 gave 33.8 overall, 5e-4 37.2 (toy evaluation of 2026-11-29)
+train_data = ["data/shapes/train.jsonl"]
+image_dir = "data/shapes/images"
+batch_size = 32
+num_hard_negatives = 3
+max_iters = 150
+max_pixels = 128 * 128
+max_length = 512
+dtype = "float32"
+device = "cpu"
+activation_checkpointing = False
+num_workers = 1
+checkpoint_interval = 50
 keep_checkpoints = []
+similarity = "dot"
+temperature = 6.4  # the tiny model's norms are sqrt(64) = 8: dot / 6.4 matches cos / 0.1 in scale (README)
+lora_rank = 0
+learning_rate = 5e-4  # full fine-tuning of the tiny model; 2e-4 gave 33.8 overall, 5e-4 37.2 (toy evaluation)

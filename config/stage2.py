@@ -1,9 +1,7 @@
-# PACE Stage II (paper Table 3): start from Stage I's step 2,000, merge its LoRA, train the whole language
-# model (vision tower and projector frozen) with dot-product logits (eq. 2) at tau 100 and lr 2e-6;
-# the Focal Embedding Loss keeps its cosine confidence (eq. 4) at tau_w 0.1.
+# PACE Stage II (paper Table 3): from Stage I's step 2,000, its LoRA merged, the whole language model trains
+# (vision tower and projector frozen) with dot-product logits (eq. 2) at tau 100 and lr 2e-6; the Focal
+# Embedding Loss keeps its cosine confidence (eq. 4) at tau_w 0.1.
 #   torchrun --nproc_per_node=8 train.py config/stage2.py
-import os
-exec(open(os.path.join(os.path.dirname(__file__), "stage1.py")).read())
 out_dir = "out/stage2"
 init_from = "out/stage1/step_002000"
 learning_rate = 2e-6

@@ -1,7 +1,12 @@
-"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per test session (model.make_tiny_checkpoint)."""
+"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per test session (data/shapes/tiny_model.py)."""
+import os
+import sys
+
 import pytest
 
-from model import Embedder, make_tiny_checkpoint
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "shapes"))
+from model import Embedder  # noqa: E402
+from tiny_model import make_tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

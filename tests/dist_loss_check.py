@@ -23,8 +23,10 @@ from loss import pace_loss  # noqa: E402
 QUERIES_PER_RANK = 3
 HARD_NEGATIVES = 2  # per query
 INPUT_DIM, EMBED_DIM = 8, 16
-# (similarity, temperature, focal_gamma): Stage I and Stage II settings, with and without focal
-CASES = [("cos", 0.1, 0.0), ("cos", 0.1, 2.0), ("dot", 100.0, 0.0), ("dot", 100.0, 2.0)]
+# (similarity, temperature, focal_gamma, weighting): Stage I and Stage II settings, with and without focal, and
+# two of Figure 6(b)'s weightings (random draws differ by rank by design, so it is left out here)
+CASES = [("cos", 0.1, 0.0, "focal"), ("cos", 0.1, 2.0, "focal"), ("dot", 100.0, 0.0, "focal"),
+         ("dot", 100.0, 2.0, "focal"), ("cos", 0.1, 2.0, "query_positive"), ("dot", 100.0, 2.0, "query_negative")]
 
 
 def make_global_batch(world, seed=0):
@@ -52,18 +54,18 @@ def main(out_dir):
 
     results = {"world": world, "encoder_state": encoder_state, "query_inputs": query_inputs,
                "candidate_inputs": candidate_inputs, "cases": {}}
-    for similarity, temperature, focal_gamma in CASES:
+    for similarity, temperature, focal_gamma, weighting in CASES:
         encoder.zero_grad()
         q = encoder(query_inputs[rank])  # (Q, D)
         c = encoder(candidate_inputs[rank])  # (M, D)
         loss, stats = pace_loss(q, c, targets, similarity=similarity, temperature=temperature,
-                                focal_gamma=focal_gamma, focal_temperature=0.1)
+                                focal_gamma=focal_gamma, focal_temperature=0.1, weighting=weighting)
         loss.backward()
         grads = {}
         for name, p in encoder.named_parameters():  # emulate FSDP/DDP: average over ranks
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             grads[name] = p.grad / world
-        results["cases"][(similarity, temperature, focal_gamma)] = {
+        results["cases"][(similarity, temperature, focal_gamma, weighting)] = {
             "loss": loss.item(), "stats": stats, "grads": grads}
 
     # ranks with different candidate counts: every rank must raise, none may hang

@@ -3,8 +3,11 @@ Tests for configurator.py: config files and --key=value flags over a script's gl
 
     python -m pytest -q tests/test_configurator.py
 """
+import ast
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -120,3 +123,106 @@ def test_config_round_trips_through_json(tmp_path, capsys):
     assert configure(script_globals(), [f'--{key}={value!r}' for key, value in loaded.items()]) == config
     print_config(config)
     assert "out_dir       = 'out/run1'" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------
+# the repository's own configs and scripts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def script_defaults(script):
+    """A script's config globals, as it defines them above its configure() call, without running the script:
+    its module-level assignments from the first to the call, executed alone."""
+    tree = ast.parse(open(os.path.join(ROOT, script)).read())
+    body, started = [], False
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == 'config' or node.targets[0].id == 'DEFAULTS':
+                break
+            started = True
+            body.append(node)
+        elif started:
+            break
+    namespace = {'torch': __import__('torch')}
+    exec(compile(ast.Module(body, []), script, 'exec'), namespace)
+    return {k: v for k, v in namespace.items() if k != 'torch' and not k.startswith('__')}
+
+
+TOY_PATHS = ['--init_from=data/shapes/tiny-qwen3.5', "--train_data=['data/shapes/train.jsonl']",
+             '--image_dir=data/shapes/images']
+TRAIN_CONFIGS = sorted(name for name in os.listdir(os.path.join(ROOT, 'config')) if name != 'shapes_eval.py')
+
+
+@pytest.mark.parametrize('name', TRAIN_CONFIGS)
+def test_every_training_config_resolves_and_its_stage_two_starts_from_a_kept_checkpoint(name):
+    defaults = script_defaults('train.py')
+    config = configure(dict(defaults), [os.path.join(ROOT, 'config', name)])
+    assert config['similarity'] in ('cos', 'dot') and config['weighting'] in ('focal', 'random', 'query_positive',
+                                                                             'query_negative')
+    assert config['temperature'] == {'cos': 0.1, 'dot': 100.0}[config['similarity']] / (5 if config['grad_cache_chunk'] else 1) \
+        or name.startswith('shapes_')  # Table 3, and Table 6's tau / 5 with GradCache
+    assert config['learning_rate'] == (2e-5 if config['lora_rank'] else 2e-6) or name.startswith('shapes_')
+    assert config['batch_size'] % 8 == 0  # splits over 8 GPUs
+    configure(dict(defaults), [os.path.join(ROOT, 'config', name)] + TOY_PATHS)  # and with the toy's paths
+    stage_one = os.path.basename(config['init_from'])
+    if stage_one.startswith('step_'):  # a Stage II: the Stage I config that writes its init_from keeps that step
+        out_dir, step = os.path.dirname(config['init_from']), int(stage_one[len('step_'):])
+        writers = [other for other in TRAIN_CONFIGS
+                   if configure(dict(defaults), [os.path.join(ROOT, 'config', other)])['out_dir'] == out_dir]
+        assert len(writers) == 1, (name, out_dir)
+        writer = configure(dict(defaults), [os.path.join(ROOT, 'config', writers[0])])
+        assert step in writer['keep_checkpoints'] and step <= writer['max_iters'], (name, writers[0])
+
+
+def test_the_eval_config_resolves():
+    config = configure(dict(script_defaults('eval.py')), [os.path.join(ROOT, 'config', 'shapes_eval.py')])
+    assert config['init_from'] == 'out/shapes_stage2/export' and config['instructions'] == 'paper'
+
+
+@pytest.mark.parametrize('script,args,message', [
+    ('train.py', ['--learning_rat=1'], "error: --learning_rat=1: unknown config key 'learning_rat'; did you mean "
+                                       "learning_rate?"),
+    ('train.py', ['--init_from=/no/such/folder'], "error: '/no/such/folder' is neither a Hugging Face folder"),
+    ('eval.py', ['--init_from=/no/such/folder', '--mmeb_dir=x'], "error: '/no/such/folder' is neither"),
+])
+def test_a_mistake_ends_in_one_line_without_a_traceback(script, args, message, tmp_path):
+    run = subprocess.run([sys.executable, os.path.join(ROOT, script), f'--out_dir={tmp_path}' if script == 'train.py'
+                          else f'--out={tmp_path}/e.json', *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and 'Traceback' not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(message), run.stderr[-2000:]
+
+
+def test_an_error_inside_a_library_keeps_its_traceback(tmp_path):
+    from configurator import purposeful_message
+    try:
+        json.loads('{')  # raised inside the standard library, not by this repository's code
+    except ValueError as error:
+        assert purposeful_message(error, error.__traceback__) is None
+    try:
+        configure(script_globals(), ['--nope=1'])
+    except ValueError as error:
+        assert "unknown config key 'nope'" in purposeful_message(error, error.__traceback__)
+
+
+def test_the_wandb_run_id_survives_a_resume_and_not_a_fresh_start(tmp_path):
+    from configurator import wandb_run_id
+    first = wandb_run_id(str(tmp_path), resuming=False)
+    assert (tmp_path / 'wandb_run_id').read_text().strip() == first
+    assert wandb_run_id(str(tmp_path), resuming=True) == first  # --resume=True continues the same W&B run
+    fresh = wandb_run_id(str(tmp_path), resuming=False)
+    assert fresh != first and wandb_run_id(str(tmp_path), resuming=True) == fresh
+    (tmp_path / 'new').mkdir()  # resuming a run that never logged to W&B: a new id, kept from now on
+    assert wandb_run_id(str(tmp_path / 'new'), resuming=True) == (tmp_path / 'new' / 'wandb_run_id').read_text().strip()
+
+
+def test_progress_says_done_rate_and_time_left(capsys, monkeypatch):
+    from configurator import Progress, duration
+    clock = iter([0.0, 0.0, 40.0, 80.0])
+    monkeypatch.setattr('configurator.time.time', lambda: next(clock))
+    progress = Progress(100, 'encoding', every=10.0)
+    progress.update(25)  # 40 s in: 25 items, 0.6/s, 75 left -> 2:00
+    progress.update(75)  # done
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ['encoding: 25/100 items, 0.6/s, 0:40 elapsed, ~2:00 left', 'encoding: 100/100 items, 1.2/s, 1:20 elapsed']
+    assert duration(3725) == '1:02:05' and duration(65) == '1:05'

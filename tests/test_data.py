@@ -22,8 +22,8 @@ import pytest
 import torch
 from PIL import Image
 
-from data import (MMEB_DATASETS, ShardedBatchSampler, TrainDataset, collate_train, find_mmeb_datasets,
-                  load_train_rows, padding_share, read_mmeb_dataset, split_by_length)
+from data import ShardedBatchSampler, TrainDataset, collate_train, load_train_rows, split_by_length
+from mmeb import MMEB_DATASETS, find_mmeb_datasets, read_mmeb_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES_SIZES = dict(num_train=50, num_eval=10)  # the smallest prepare() allows
@@ -90,7 +90,7 @@ def test_negative_encodings(tmp_path):
     image = str(tmp_path / "n.png")
     for path in (jsonl, parquet):
         rows = load_train_rows(path, str(tmp_path), num_hard_negatives=2, seed=0)
-        assert [r["candidates"][1:] for r in rows[:3]] == [
+        assert [r["candidates"][1:] for r in (rows[0], rows[1], rows[2])] == [
             [{"text": "a", "image": image}, {"text": "b", "image": None}],
             [{"text": "c", "image": image}, {"text": "d", "image": None}],
             [{"text": "e", "image": None}, {"text": "f", "image": None}]]
@@ -117,7 +117,6 @@ def test_fill_and_cut(tmp_path):
         assert candidates[0] not in filled and (i >= 10 or "shared label" not in filled)
         assert not any(t.startswith("other") for t in filled)  # from the same file only
         assert all(not t.startswith(f"negative {i}.") for t in filled)
-        assert len(rows[i].get("filled", {})) == len(filled)
     again = load_train_rows([main, (other, 3)], str(tmp_path), num_hard_negatives=5, seed=0)
     reseeded = load_train_rows([main, (other, 3)], str(tmp_path), num_hard_negatives=5, seed=1)
     assert [r["candidates"] for r in again] == [r["candidates"] for r in rows]  # deterministic
@@ -216,7 +215,7 @@ def test_sampler_resumes_the_identical_sequence_through_dataloader_workers():
     first = sampler()
     before = batches_of(first, 7)  # workers have prefetched past batch 7 by now
     state = json.loads(json.dumps(first.state_dict()))  # survives a checkpoint round trip
-    assert (state["position"], state["epoch"], state["index"]) == (7, 1, 2)
+    assert state["position"] == 7
     resumed = sampler()
     resumed.load_state_dict(state)
     assert before + batches_of(resumed, 6) == straight  # crosses into the third epoch too
@@ -245,7 +244,6 @@ def test_split_by_length_examples():
     assert chunks == [[1, 3], [5, 6], [2, 0, 4]]  # 3 = ceil(sqrt(7)) calls, cut where padding is least
     assert padded(lengths, chunks) == 341 < padded(lengths, in_runs([1, 3, 5, 6, 2, 0, 4], 4)) == 421
     assert split_by_length(lengths) == [[1, 3, 5, 6, 2, 0, 4]]  # no max_items: one chunk, longest first
-    assert split_by_length(lengths, max_items=4, sort=False) == [[0, 1], [2, 3, 4], [5, 6]]  # the given order
     assert split_by_length([], max_items=4) == [] and split_by_length([]) == []
 
 
@@ -255,12 +253,10 @@ def test_split_by_length_count_depends_on_n_only(n):
     for max_items in (4, 32):
         counts = set()
         for _ in range(5):  # different lengths on different ranks: the same number of forward calls
-            lengths = random_lengths(rng, n)
-            for sort in (True, False):
-                chunks = split_by_length(lengths, max_items, sort)
-                assert sorted(sum(chunks, [])) == list(range(n))  # every index exactly once
-                assert all(0 < len(c) <= max_items for c in chunks)
-                counts.add(len(chunks))
+            chunks = split_by_length(random_lengths(rng, n), max_items)
+            assert sorted(sum(chunks, [])) == list(range(n))  # every index exactly once
+            assert all(0 < len(c) <= max_items for c in chunks)
+            counts.add(len(chunks))
         assert counts == {min(n, max(-(-n // max_items), math.ceil(math.sqrt(n))))}
 
 
@@ -322,9 +318,11 @@ def test_collated_batches_put_each_positive_at_its_target(shapes, preprocessor):
             else:
                 assert any(torch.equal(c, ids) for c in candidates)  # every hard negative is in the batch
     items = [dataset[i] for i in range(16)]
-    share = {sort: padding_share([collate_train(preprocessor, 4, sort_by_length=sort)(items)])
-             for sort in (True, False)}
-    assert 0 <= share[True] < share[False]
+    chunks = [c for side in ("query", "candidate") for c in collate_train(preprocessor, 4)(items)[side]]
+    padded_share = sum(int((c["attention_mask"] == 0).sum()) for c in chunks) / sum(c["attention_mask"].numel() for c in chunks)
+    one_chunk = [c for side in ("query", "candidate") for c in collate_train(preprocessor, None)(items)[side]]
+    one_chunk_share = sum(int((c["attention_mask"] == 0).sum()) for c in one_chunk) / sum(c["attention_mask"].numel() for c in one_chunk)
+    assert 0 <= padded_share < one_chunk_share  # length-sorted chunks pad less than one chunk a side
 
 
 # -----------------------------------------------------------------------------
@@ -367,19 +365,71 @@ def test_bad_training_rows_are_skipped_and_counted(tmp_path, case, capsys):
     assert "skipped 1 bad rows" in capsys.readouterr().out
 
 
-def test_unreadable_images_fail_in_the_worker_naming_file_row_and_field(tmp_path, preprocessor):
-    path = bad_train_file(tmp_path, BAD_ROWS["missing image"][0])
-    dataset = TrainDataset(load_train_rows(path, str(tmp_path), num_hard_negatives=2), preprocessor)
-    dataset[0]
-    with pytest.raises(ValueError, match=r"bad\.jsonl line 3 field 'qry_image_path'.*missing\.png"):
-        dataset[2]
-    (tmp_path / "corrupt.png").write_bytes(b"not a png")  # exists, so skip mode keeps the row
-    path = write_jsonl(tmp_path / "corrupt.jsonl", [record(i, pos_image_path="corrupt.png" if i == 1 else "")
-                                                    for i in range(3)])
-    dataset = TrainDataset(load_train_rows(path, str(tmp_path), 2, skip_bad_rows=True), preprocessor)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=1, collate_fn=list)
-    with pytest.raises(ValueError, match=r"corrupt\.jsonl line 2 field 'pos_image_path'.*corrupt\.png"):
-        next(iter(loader))
+def undecodable_images(tmp_path):
+    """name -> an image file that exists but cannot be decoded (or is refused), each a way a real dataset breaks."""
+    save_image(tmp_path / "whole.png", size=(64, 64))
+    data = (tmp_path / "whole.png").read_bytes()
+    files = {"truncated.png": data[:len(data) // 2], "empty.jpg": b"", "not_an_image.jpg": b"<html>oops</html>"}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    save_image(tmp_path / "huge.png", size=(120, 120))  # over the pixel limit the test sets
+    save_image(tmp_path / "thin.png", size=(1000, 4))  # aspect ratio 250
+    return list(files) + ["huge.png", "thin.png"]
+
+
+def test_undecodable_images_name_file_row_and_field_or_are_skipped_the_same_way_every_time(tmp_path, preprocessor,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # 120 x 120 is then over twice the limit: refused
+    bad = undecodable_images(tmp_path)
+    records = [record(i) for i in range(10)]
+    for k, name in enumerate(bad):  # rows 1, 3, 5, 7, 9: a bad image each, in a different field
+        records[2 * k + 1].update([("qry_image_path", name)] if k % 2 else [("pos_image_path", name)])
+    path = write_jsonl(tmp_path / "t.jsonl", records)
+    rows = load_train_rows(path, str(tmp_path), num_hard_negatives=1)
+    strict = TrainDataset(rows, preprocessor)
+    for k, name in enumerate(bad):
+        field = "qry_image_path" if k % 2 else "pos_image_path"
+        with pytest.raises(ValueError, match=rf"t\.jsonl line {2 * k + 2} field '{field}': (cannot read )?image '[^']*{name}'"):
+            strict[2 * k + 1]
+    skipping = TrainDataset(rows, preprocessor, skip_bad_rows=True)
+    for k in range(len(bad)):
+        item = skipping[2 * k + 1]  # the next row, which decodes; after the last row comes the first
+        assert item["row"] == (2 * k + 2) % 10 and len(item["skipped"]) == 1 and bad[k] in item["skipped"][0]
+        assert torch.equal(item["query"]["input_ids"], skipping[(2 * k + 2) % 10]["query"]["input_ids"])
+    assert skipping[0]["skipped"] == [] and skipping[0]["row"] == 0
+    loader = torch.utils.data.DataLoader(skipping, batch_size=10, num_workers=1, collate_fn=collate_train(preprocessor, 4))
+    batch = next(iter(loader))  # through a worker: the same rows, the skips reported with the batch
+    assert sorted(batch["rows"].tolist()) == [0, 0, 2, 2, 4, 4, 6, 6, 8, 8] and len(batch["skipped"]) == 5
+
+
+def test_lines_that_are_not_utf8_or_nest_too_deep_are_bad_rows(tmp_path):
+    lines = [json.dumps(record(i)).encode() for i in range(5)]
+    lines[1] = json.dumps(record(1)).encode().replace(b"query 1", b"query \xff\xfe 1")  # Latin-1 bytes, not UTF-8
+    lines[3] = b"[" * 100_000 + b"]" * 100_000  # valid JSON nested 100,000 deep
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(ValueError, match=r"t\.jsonl line 2 field '<line>': not UTF-8"):
+        load_train_rows(str(path), str(tmp_path), 1)
+    path.write_bytes(b"\n".join(lines[:1] + lines[2:]) + b"\n")
+    with pytest.raises(ValueError, match=r"t\.jsonl line 3 field '<line>': not a JSON object"):
+        load_train_rows(str(path), str(tmp_path), 1)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    rows = load_train_rows(str(path), str(tmp_path), 1, skip_bad_rows=True)
+    assert rows.skipped == 2 and len(rows) == 3
+
+
+def test_image_paths_may_not_leave_image_dir(tmp_path):
+    (tmp_path / "images").mkdir()
+    save_image(tmp_path / "images" / "in.png")
+    save_image(tmp_path / "outside.png")
+    for i, escape in enumerate([str(tmp_path / "outside.png"), "../outside.png", "sub/../../outside.png"]):
+        path = write_jsonl(tmp_path / f"t{i}.jsonl", [record(0, qry_image_path="in.png"),
+                                                       record(1, pos_image_path=escape)])
+        with pytest.raises(ValueError, match=rf"t{i}\.jsonl line 2 field 'pos_image_path': image path .* leaves image_dir"):
+            load_train_rows(path, str(tmp_path / "images"), 1)
+        rows = load_train_rows(path, str(tmp_path / "images"), 1, allow_any_image_path=True)
+        assert rows[1]["candidates"][0]["image"] == str(tmp_path / "outside.png")
+        assert load_train_rows(path, str(tmp_path / "images"), 1, skip_bad_rows=True).skipped == 1
 
 
 def test_a_line_that_is_not_json_is_a_bad_row(tmp_path):
@@ -391,80 +441,13 @@ def test_a_line_that_is_not_json_is_a_bad_row(tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# MMEB evaluation files
-
-def mmeb_row(i, **fields):
-    return {"qry_text": f"<|image_1|>\nRepresent the given image for classification {i}", "qry_img_path": "A/q.jpg",
-            "tgt_text": [f"label {i}", "other", "<|image_1|>\nRepresent the given image."],
-            "tgt_img_path": ["", "", "A/c.jpg"], **fields}
-
-
-def write_mmeb(root, name, rows, nested):
-    folder = root / name / (name if nested else "")
-    folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), folder / "test-00000-of-00001.parquet")
-
-
-def test_mmeb_reader_on_the_official_layout(tmp_path):
-    images = tmp_path / "eval_images"
-    (images / "A").mkdir(parents=True)
-    save_image(images / "A" / "q.jpg")
-    save_image(images / "A" / "c.jpg")
-    write_mmeb(tmp_path / "mmeb", "ImageNet-1K", [mmeb_row(i) for i in range(3)], nested=True)
-    write_mmeb(tmp_path / "mmeb", "MyOwnSet", [mmeb_row(9, qry_img_path="")], nested=False)
-    (tmp_path / "mmeb" / "images_zip").mkdir()  # no Parquet: not a dataset
-    assert find_mmeb_datasets(tmp_path / "mmeb") == ["ImageNet-1K", "MyOwnSet"]
-    rows = read_mmeb_dataset(tmp_path / "mmeb" / "ImageNet-1K", str(images))
-    assert len(rows) == 3 and rows.skipped == 0
-    assert rows[1]["query"] == {"text": "<|image_1|>\nRepresent the given image for classification 1",
-                                "image": str(images / "A" / "q.jpg")}
-    assert rows[1]["candidates"][0] == {"text": "label 1", "image": None}  # gold first
-    assert rows[1]["candidates"][2]["image"] == str(images / "A" / "c.jpg")
-    assert read_mmeb_dataset(tmp_path / "mmeb" / "MyOwnSet", str(images))[0]["query"]["image"] is None
-
-
-@pytest.mark.parametrize("fields, field", [
-    (dict(qry_img_path="A/missing.jpg"), "qry_img_path"),
-    (dict(tgt_img_path=["", "", "A/missing.jpg"]), "tgt_img_path[2]"),
-    (dict(qry_text="  ", qry_img_path=""), "qry_text"),
-    (dict(tgt_img_path=None), "tgt_img_path"),  # the column is dropped below
-])
-def test_bad_mmeb_rows(tmp_path, fields, field, capsys):
-    images = tmp_path / "images"
-    (images / "A").mkdir(parents=True)
-    save_image(images / "A" / "q.jpg")
-    save_image(images / "A" / "c.jpg")
-    rows = [mmeb_row(i) for i in range(4)]
-    rows[1].update(fields)
-    if fields.get("tgt_img_path", "") is None:
-        rows = [{k: v for k, v in r.items() if k != "tgt_img_path"} for r in rows]  # every row lacks it
-    write_mmeb(tmp_path, "Set", rows, nested=False)
-    with pytest.raises(ValueError) as error:
-        read_mmeb_dataset(tmp_path / "Set", str(images))
-    assert "test-00000-of-00001.parquet" in str(error.value) and repr(field) in str(error.value)
-    assert "row 0" in str(error.value) if "tgt_img_path" == field else "row 1" in str(error.value)
-    read = read_mmeb_dataset(tmp_path / "Set", str(images), skip_bad_rows=True)
-    assert read.skipped == (4 if field == "tgt_img_path" else 1) and len(read) == 4 - read.skipped
-    assert "skipped" in capsys.readouterr().out
-
-
-def test_mmeb_table():
-    assert len(MMEB_DATASETS) == 36
-    splits = [split for _, split in MMEB_DATASETS.values()]
-    assert splits.count("IND") == 20 and splits.count("OOD") == 16
-    tasks = [task for task, _ in MMEB_DATASETS.values()]
-    assert [tasks.count(t) for t in ("Classification", "VQA", "Retrieval", "Visual Grounding")] == [10, 10, 12, 4]
-    assert MMEB_DATASETS["MSCOCO"] == ("Visual Grounding", "IND")
-    assert MMEB_DATASETS["Wiki-SS-NQ"] == ("Retrieval", "OOD")
-
-
-# -----------------------------------------------------------------------------
 # the toy benchmark
 
 def test_shapes_benchmark_is_read_by_both_readers(shapes):
     rows = load_train_rows(shapes["train"], shapes["images"], num_hard_negatives=5, skip_bad_rows=True)
     assert len(rows) == SHAPES_SIZES["num_train"] and rows.skipped == 0  # skip mode checked every image
-    names = find_mmeb_datasets(shapes["eval"])
+    names, empty = find_mmeb_datasets(shapes["eval"], shapes["images"])
+    assert empty == []
     assert len(names) == 10 and sum(n.endswith("-OOD") for n in names) == 5
     assert not set(names) & set(MMEB_DATASETS)
     unseen = {f"{c} {s}" for c, s in prepare_module.UNSEEN}

@@ -8,6 +8,7 @@ against one process.
 """
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -21,8 +22,10 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-import data
+import checkpoint
 import eval as evaluation
+import mmeb
+import plot
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "data" / "shapes"))
@@ -67,21 +70,23 @@ def self_retrieval_rows(tmp_path):
     sides = distinct_sides(write_images(image_dir, 3))
     rows = [(side, [side] + [other for other in sides if other != side]) for side in sides]
     write_mmeb_dataset(tmp_path / "mmeb" / "Self", rows)
-    return data.read_mmeb_dataset(str(tmp_path / "mmeb" / "Self"), str(image_dir))
+    return mmeb.read_mmeb_dataset(str(tmp_path / "mmeb" / "Self"), str(image_dir))
 
 
 def test_self_retrieval_scores_100_with_cosine(tiny_embedder, self_retrieval_rows):
-    result, _ = evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, "cos")
-    assert result["precision_at_1"] == 100.0 and result["ties"] == 0
+    result = evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, "cos")[0]
+    assert result["precision_at_1"] == result["precision_at_1_argmax"] == 100.0 and result["ties"] == 0
+    assert result["candidates"] == [5, 5]
     assert result["num_queries"] == 5 and result["distinct_items"] == 5  # queries are their golds
 
 
 def test_constant_embedding_scores_0_with_every_row_tied(tiny_embedder, self_retrieval_rows, monkeypatch):
     monkeypatch.setattr(tiny_embedder, "forward", lambda input_ids, **_: torch.ones(len(input_ids), tiny_embedder.dim))
     for similarity in ("cos", "dot"):
-        result, _ = evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, similarity)
+        result = evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, similarity)[0]
         assert result["precision_at_1"] == 0.0
         assert result["ties"] == result["num_queries"] == 5
+        assert result["precision_at_1_argmax"] == 100.0  # the official reading: every tie goes to the gold
 
 
 def test_precision_at_1_by_hand():
@@ -92,13 +97,14 @@ def test_precision_at_1_by_hand():
                           [1, 1, 0, -1],  # the gold listed again among the others: a tie, not a hit
                           [2, 0, 1, -1],  # cos 0.6 < 1: a miss, not a tie
                           [1, 3, -1, -1]])  # cos: 1 > 0.71, hit; dot: 1 < 10, miss
-    assert evaluation.precision_at_1(query, cand, index, "cos") == (2, 1)
-    assert evaluation.precision_at_1(query, cand, index, "dot") == (1, 1)
+    p_at_1 = lambda q, i, s: evaluation.precision_at_1(evaluation.candidate_scores(q, cand, i, s))  # noqa: E731
+    assert p_at_1(query, index, "cos") == (2, 1, 3)  # strict hits, ties, argmax hits (the tie goes to the gold)
+    assert p_at_1(query, index, "dot") == (1, 1, 2)
     scores = evaluation.candidate_scores(query, cand, index, "dot")
     assert scores[3].tolist() == [1.0, 10.0, -float("inf"), -float("inf")]
-    assert evaluation.precision_at_1(query[:1], cand, index[:1, :1], "dot") == (1, 0)  # one candidate: a hit
+    assert p_at_1(query[:1], index[:1, :1], "dot") == (1, 0, 1)  # one candidate: a hit
     with pytest.raises(ValueError, match="similarity"):
-        evaluation.precision_at_1(query, cand, index, "cosine")
+        evaluation.candidate_scores(query, cand, index, "cosine")
 
 
 def test_aggregate_matches_table_8_arithmetic():
@@ -106,7 +112,8 @@ def test_aggregate_matches_table_8_arithmetic():
     per_dataset = {}
     for name, score in scores.items():
         meta_task, split = evaluation.dataset_group(name)
-        per_dataset[name] = {"precision_at_1": score, "num_queries": 10, "ties": 0, "meta_task": meta_task, "split": split}
+        per_dataset[name] = {"precision_at_1": score, "precision_at_1_argmax": score + 1, "num_queries": 10, "ties": 0,
+                             "meta_task": meta_task, "split": split}
     assert [per_dataset[n]["meta_task"] for n in scores] == ["Classification", "Classification", "VQA",
                                                               "Visual Grounding", "Other"]
     assert [per_dataset[n]["split"] for n in scores] == ["IND", "OOD", "IND", "OOD", "IND"]
@@ -118,8 +125,9 @@ def test_aggregate_matches_table_8_arithmetic():
     assert summary["overall"] == pytest.approx(190 / 5)  # over datasets, not over meta tasks
     table = evaluation.format_table(per_dataset, summary)
     assert "Place365*" in table and "ImageNet-1K*" not in table
-    assert [line.split()[-1] for line in table.splitlines() if line.startswith("All ")] == \
-        ["40.0", "80.0", "10.0", "20.0", "50.0", "20.0", "38.0"]
+    totals = [line.split()[-2:] for line in table.splitlines() if line.startswith("All ")]
+    assert [strict for strict, _ in totals] == ["40.0", "80.0", "10.0", "20.0", "50.0", "20.0", "38.0"]
+    assert [argmax for _, argmax in totals] == ["41.0", "81.0", "11.0", "21.0", "51.0", "21.0", "39.0"]
     assert evaluation.dataset_group("Shapes-T2I") == ("Retrieval", "IND")
     assert evaluation.dataset_group("VisualNews_i2t") == ("Retrieval", "IND")
     assert evaluation.dataset_group("RefCOCO") == ("Visual Grounding", "OOD")
@@ -130,10 +138,10 @@ def test_each_distinct_item_is_encoded_once(tiny_embedder, tmp_path, monkeypatch
     a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
     rows = [(a, [b, c, d]), (a, [b, d, c]), (b, [c, d, e]), (e, [b, c, d]), (d, [c, b, e]), (a, [c, b, d])]
     write_mmeb_dataset(tmp_path / "mmeb" / "Shared", rows)
-    rows = data.read_mmeb_dataset(str(tmp_path / "mmeb" / "Shared"), str(image_dir))
+    rows = mmeb.read_mmeb_dataset(str(tmp_path / "mmeb" / "Shared"), str(image_dir))
     encoded, forward = [], tiny_embedder.forward
     monkeypatch.setattr(tiny_embedder, "forward", lambda **batch: encoded.append(batch["input_ids"]) or forward(**batch))
-    result, _ = evaluation.evaluate_dataset(tiny_embedder, rows, "dot", batch_size=2)
+    result = evaluation.evaluate_dataset(tiny_embedder, rows, "dot", batch_size=2)[0]
     assert sum(len(ids) for ids in encoded) == 5  # 18 + 6 references, 5 distinct items
     assert result["distinct_items"] == 5 and result["dedup_factor"] == pytest.approx(24 / 5)
     assert len({tuple(ids[i].tolist()) for ids in encoded for i in range(len(ids))}) == 5  # never the same twice
@@ -158,7 +166,7 @@ def dot_checkpoint(tiny_checkpoint, tmp_path_factory):
 def toy_args(checkpoint, toy_benchmark, out):
     return ["config/shapes_eval.py", f"--init_from={checkpoint}", f"--mmeb_dir={toy_benchmark['eval']}",
             f"--image_dir={toy_benchmark['images']}", f"--datasets={TOY_DATASETS!r}", f"--out={out}",
-            "--num_workers=0", "--device=cpu", "--geometry_samples=20"]
+            "--num_workers=0", "--device=cpu", "--geometry_samples=20", "--sheet_queries=2"]
 
 
 @pytest.fixture(scope="module")
@@ -190,37 +198,52 @@ def test_main_on_the_toy_benchmark_writes_table_and_geometry(toy_run, dot_checkp
     # the random tiny model's final RMSNorm gives every embedding norm sqrt(D): r is undefined, not noise
     assert geometry["norm_cos_pearson_r"] is None and geometry["query_norm"]["std"] < 1e-4
     assert -1 <= geometry["random_pair_mean_cos"] <= 1
-    assert set(geometry["query_norm"]) == {"mean", "std", "min", "max"}
-    assert geometry["query_norm"]["min"] <= geometry["query_norm"]["mean"] <= geometry["query_norm"]["max"]
-    png = out[:-len(".json")] + "_pca.png"
-    assert geometry["pca_png"] == png
-    with Image.open(png) as image:
-        assert image.size == evaluation.PCA_IMAGE_SIZE and image.mode == "RGB"
+    assert set(geometry["query_norm"]) == {"mean", "std", "min", "max", "p5_p50_p95"}
+    assert geometry["query_norm"]["min"] <= geometry["query_norm"]["p5_p50_p95"][1] <= geometry["query_norm"]["max"]
+    # what redraws the pictures: PCA coordinates with norm percentiles, the random pairs, the matched pairs
+    pca = geometry["pca"]
+    assert len(pca["x"]) == len(pca["y"]) == len(pca["norm_percentile"]) == len(pca["is_query"]) > 18
+    assert sum(pca["is_query"]) == 18  # 10 a dataset asked for, 9 there: every query, then their candidates
+    assert sorted(pca["norm_percentile"])[0] == 0 and sorted(pca["norm_percentile"])[-1] == 1
+    assert len(geometry["random_pair_cos"]) == 18 and len(geometry["pairs"]["cos_positive"]) == 18
+    png = out[:-len(".json")] + "_geometry.png"
+    assert geometry["png"] == png
+    with Image.open(png) as image:  # three panels: random-pair histogram, matched pairs, PCA
+        assert image.size == plot.grid_size(3, 3, (420, 380), "x") and image.mode == "RGB"
         colours = set(image.getdata())
-    assert evaluation.ramp(0.0) in colours and evaluation.ramp(1.0) in colours  # the colour bar's ends
+    assert plot.ramp(0.0) in colours and plot.ramp(1.0) in colours  # the PCA's colour bar ends
+    assert (cls["precision_at_1_argmax"] >= cls["precision_at_1"]) and cls["candidates"] == [5, 5]
+    assert written["argmax"]["overall"] >= written["overall"]
+    with Image.open(cls["sheet_png"]) as sheet:  # two queries, their top 3
+        assert sheet.size == plot.sheet_size(2, 3, title="x")
+    assert written["instructions"] == {"unknown dataset": 18, "mode": "paper"}  # toy datasets keep their text
 
     # the same run again ranks by cosine when asked, and the arguments of the first run do not leak
-    args = toy_args(dot_checkpoint, toy_benchmark, out)[:-1] + ["--similarity=cos", "--geometry=False"]
+    args = [a for a in toy_args(dot_checkpoint, toy_benchmark, out) if not a.startswith("--geometry_samples")]
+    args += ["--similarity=cos", "--geometry=False"]
     again = evaluation.main([a for a in args if not a.startswith("--datasets=")] + ["--datasets=['Shapes-T2I-OOD']"])
     assert again["similarity"] == "cos" and "geometry" not in again and list(again["datasets"]) == ["Shapes-T2I-OOD"]
     assert again["config"]["geometry_samples"] == 1000  # config/shapes_eval.py's, not the 20 of the first run
 
 
-def test_geometry_by_hand(tmp_path):
+def test_geometry_by_hand():
     # gold norms exp(3 (1 - cos)): the log norm product falls exactly linearly in cos(q, c+), r = -1
     angles = torch.linspace(0, 1.2, 50)
     directions = torch.stack([angles.cos(), angles.sin(), torch.zeros(50)], 1)  # (50, 3)
     queries, golds = torch.tensor([1.0, 0.0, 0.0]).expand(50, 3) * 2, directions * (3 * (1 - angles.cos()[:, None])).exp()
-    sample = evaluation.geometry_sample(queries, golds, golds, 10, torch.Generator().manual_seed(0))
-    summary = evaluation.geometry_summary([sample], str(tmp_path / "pca.png"))
+    sample = evaluation.geometry_pairs(queries, golds, golds, 10, torch.Generator().manual_seed(0))
+    summary, picture = evaluation.geometry_summary([sample])
     assert summary["norm_cos_pearson_r"] == pytest.approx(-1.0, abs=1e-4)
-    constant = evaluation.geometry_sample(queries, 8 * directions, directions, 10, torch.Generator().manual_seed(0))
-    assert evaluation.geometry_summary([constant])["norm_cos_pearson_r"] is None  # all norms equal: r undefined
+    constant = evaluation.geometry_pairs(queries, 8 * directions, directions, 10, torch.Generator().manual_seed(0))
+    assert evaluation.geometry_summary([constant])[0]["norm_cos_pearson_r"] is None  # all norms equal: r undefined
     assert summary["num_matched_pairs"] == 50 and summary["num_random_pairs"] == 100
     pairs = torch.nn.functional.cosine_similarity(sample["queries"][:, None], sample["candidates"][None], dim=-1)
     assert summary["random_pair_mean_cos"] == pytest.approx(pairs.mean().item(), abs=1e-6)
+    assert all(any(abs(v - p) < 1e-5 for p in pairs.flatten().tolist()) for v in summary["random_pair_cos"])
     assert summary["query_norm"]["mean"] == pytest.approx(2.0) and summary["query_norm"]["std"] == pytest.approx(0)
-    assert Image.open(tmp_path / "pca.png").size == evaluation.PCA_IMAGE_SIZE
+    z = torch.tensor(summary["pairs"]["standardised_log_norm_product"])
+    assert z.mean().abs() < 1e-5 and z.std() == pytest.approx(1.0, abs=1e-5)  # Figure 4a's standardised axis
+    assert picture.size == plot.grid_size(3, 3, (420, 380))
 
 
 def free_port():
@@ -247,4 +270,51 @@ def test_two_gloo_ranks_equal_one_process(toy_run, dot_checkpoint, toy_benchmark
     for key in ("norm_cos_pearson_r", "random_pair_mean_cos"):
         assert two["geometry"][key] == pytest.approx(one["geometry"][key], abs=1e-4)
     assert run.stdout.count("wrote ") == 1  # rank 0 alone prints and writes
-    assert "encoded 16/16 items" in run.stdout  # rank 0's share of Shapes-CLS's 31 distinct items
+    assert "Shapes-CLS: 16/16 items" in run.stdout  # rank 0's share of Shapes-CLS's 31 distinct items
+
+
+def test_an_empty_dataset_folder_is_an_error_or_a_listed_omission(dot_checkpoint, toy_benchmark, tmp_path):
+    mmeb_dir = tmp_path / "eval"
+    shutil.copytree(toy_benchmark["eval"], mmeb_dir)
+    for parquet in (mmeb_dir / "Shapes-VQA").iterdir():
+        parquet.unlink()  # a download that did not finish
+    args = toy_args(dot_checkpoint, toy_benchmark, str(tmp_path / "out.json"))
+    args = [a for a in args if not a.startswith(("--mmeb_dir", "--datasets"))] + [f"--mmeb_dir={mmeb_dir}",
+                                                                                 "--datasets=['Shapes-CLS', 'Shapes-VQA']"]
+    with pytest.raises(FileNotFoundError, match="without Parquet files .*Shapes-VQA"):
+        evaluation.main(args)
+    result = evaluation.main(args + ["--allow_missing_datasets=True", "--geometry=False"])
+    assert result["omitted"] == ["Shapes-VQA"] and list(result["datasets"]) == ["Shapes-CLS"]
+    args = [a for a in args if not a.startswith("--datasets")]  # every folder of mmeb_dir: the same
+    with pytest.raises(FileNotFoundError, match="Shapes-VQA"):
+        evaluation.main(args)
+
+
+def test_non_finite_embeddings_are_an_error_naming_the_dataset(tiny_embedder, self_retrieval_rows, monkeypatch):
+    monkeypatch.setattr(tiny_embedder, "forward", lambda input_ids, **_: torch.full((len(input_ids), 64), math.nan))
+    with pytest.raises(ValueError, match="Self: the model gave non-finite embeddings for 5 of its 5 items"):
+        evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, "dot", label="Self")
+
+
+def test_rows_of_different_candidate_counts_are_reported(tiny_embedder, tmp_path, capsys):
+    image_dir = tmp_path / "images"
+    a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
+    write_mmeb_dataset(tmp_path / "mmeb" / "Uneven", [(a, [b, c, d]), (b, [c, d]), (e, [a, b, c, d])])
+    rows = mmeb.read_mmeb_dataset(str(tmp_path / "mmeb" / "Uneven"), str(image_dir))
+    assert evaluation.evaluate_dataset(tiny_embedder, rows, "dot")[0]["candidates"] == [2, 4]
+
+
+def test_training_rows_geometry_and_the_model_card(dot_checkpoint, toy_benchmark, tmp_path):
+    export = tmp_path / "run" / "export"
+    shutil.copytree(dot_checkpoint, export)
+    info = {"similarity": "dot", "step": 7, "backbone": dot_checkpoint, "config": {"learning_rate": 0.1}}
+    (export / "README.md").write_text(checkpoint.model_card(info, str(export)))
+    out = str(tmp_path / "card.json")
+    args = toy_args(str(export), toy_benchmark, out) + [f"--geometry_train_data={[toy_benchmark['train']]!r}"]
+    result = evaluation.main(args)
+    train = result["geometry_train"]  # 20 training rows: queries with their positives
+    assert train["num_matched_pairs"] == 20 and len(train["random_pair_cos"]) == 20
+    assert os.path.isfile(train["png"]) and train["png"].endswith("card_geometry_train.png")
+    card = (export / "README.md").read_text()
+    assert "Shapes-CLS" in card.split("## Evaluation")[1] and card.count("## Evaluation") == 1
+    assert "**dot product**" in card and "load_embedder" in card

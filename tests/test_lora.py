@@ -205,7 +205,8 @@ def test_merge_lora_state_dict_equals_module_merge():
 
 
 def test_merged_tiny_embedder_saves_and_reloads_to_the_same_embeddings(tiny_checkpoint, tmp_path):
-    from model import Embedder, save_hf_folder
+    from checkpoint import save_hf_folder
+    from model import Embedder
     embedder = Embedder.from_pretrained(tiny_checkpoint)
     inject_lora(embedder.model, rank=4, alpha=8)
     torch.manual_seed(1)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loss import pace_loss, similarity_matrix
+from loss import collapsed, pace_loss, similarity_matrix
 
 REPO = Path(__file__).resolve().parents[1]
 FOCAL_TEMPERATURE = 0.1
@@ -167,6 +167,57 @@ def test_bad_arguments_raise():
         pace_loss(q, c, targets + c.shape[0])
 
 
+def reference_weights(weighting, q, c, targets, gamma):
+    """Figure 6(b)'s weightings written out in float64 one query at a time (formulas: loss.py's docstring)."""
+    weights = []
+    for i in range(q.shape[0]):
+        cos = [F.cosine_similarity(q[i], c[j], dim=0) for j in range(c.shape[0])]
+        t = int(targets[i])
+        if weighting == "query_positive":
+            weights.append(((1 - cos[t]) / 2) ** gamma)
+        else:
+            weights.append(((1 + max(cos[j] for j in range(c.shape[0]) if j != t)) / 2) ** gamma)
+    return torch.stack(weights).detach()
+
+
+@pytest.mark.parametrize("weighting", ["query_positive", "query_negative", "random"])
+@pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 100.0)])
+def test_figure_6b_weightings_are_detached_and_normalised_like_the_focal_weight(weighting, similarity, temperature):
+    q, c, targets = random_batch(similarity, temperature, seed=7)
+    torch.manual_seed(3)
+    loss, stats = pace_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE, weighting)
+    if weighting == "random":
+        torch.manual_seed(3)
+        weights = torch.rand(q.shape[0], dtype=torch.float32).double()  # the same draws: U(0, 1) a query
+    else:
+        weights = reference_weights(weighting, q, c, targets, 2.0)
+    nll = F.cross_entropy(similarity_matrix(q, c, similarity).double() / temperature, targets, reduction="none")
+    expected = (weights * nll).sum() / weights.sum()  # eqs. (6)-(7) with these a_i, constants
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    for got, want in zip(torch.autograd.grad(loss, (q, c)), torch.autograd.grad(expected, (q, c))):
+        assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-6)  # no gradient through a_i
+    assert stats["weight_min"] == pytest.approx(weights.min().item(), abs=1e-6)
+    assert stats["weight_max"] == pytest.approx(weights.max().item(), abs=1e-6)
+    assert weights.max() / weights.min() > 1.2  # the weights differ between queries, or the test proves little
+    focal, _ = pace_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE)
+    assert focal.item() != pytest.approx(loss.item(), rel=1e-4)  # and they are not the focal weights
+
+
+def test_collapsed_embeddings_are_told_apart_from_healthy_ones():
+    q, c, targets = random_batch("dot", 100.0, seed=8)
+    direction = torch.randn(q.shape[1], dtype=torch.float64)
+    cases = {"healthy": (q, c, False), "all zero": (q * 0, c * 0, True),
+             "all one vector": (direction.expand_as(q), direction.expand_as(c), True),
+             "one direction, norms differ": (direction * torch.rand(len(q), 1, dtype=torch.float64) + 0 * q,
+                                             direction * torch.rand(len(c), 1, dtype=torch.float64) + 0 * c, None)}
+    for name, (queries, candidates, expected) in cases.items():
+        for similarity, temperature in [("cos", 0.1), ("dot", 0.1)]:
+            _, stats = pace_loss(queries, candidates, targets, similarity, temperature)
+            # one direction with varying norms carries no signal for cosine, but does for the dot product
+            want = (similarity == "cos") if expected is None else expected
+            assert collapsed(stats) == want, (name, similarity, stats["logit_spread"])
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -189,14 +240,14 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     query_inputs, candidate_inputs = ranks[0]["query_inputs"], ranks[0]["candidate_inputs"]
     queries_per_rank, candidates_per_rank = query_inputs.shape[1], candidate_inputs.shape[1]
     targets = torch.cat([torch.arange(queries_per_rank) + r * candidates_per_rank for r in range(world)])
-    for (similarity, temperature, focal_gamma), case0 in ranks[0]["cases"].items():
-        cases = [rank["cases"][(similarity, temperature, focal_gamma)] for rank in ranks]
+    for (similarity, temperature, focal_gamma, weighting), case0 in ranks[0]["cases"].items():
+        cases = [rank["cases"][(similarity, temperature, focal_gamma, weighting)] for rank in ranks]
         encoder.zero_grad()
         q = encoder(query_inputs.flatten(0, 1))  # (world*Q, D)
         c = encoder(candidate_inputs.flatten(0, 1))  # (world*M, D)
-        loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
+        loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE, weighting)
         loss.backward()
-        label = f"{similarity} tau={temperature} gamma={focal_gamma}"
+        label = f"{similarity} tau={temperature} gamma={focal_gamma} {weighting}"
         # rank r returns world * its share of L, so the ranks' mean is L
         assert sum(case["loss"] for case in cases) / world == pytest.approx(loss.item(), rel=1e-5), label
         for case in cases:

@@ -6,7 +6,9 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from model import IMAGE_MARKER, SYSTEM_PROMPT, Embedder, Preprocessor, load_image, make_tiny_checkpoint
+from data import IMAGE_MARKER
+from model import SYSTEM_PROMPT, Embedder, Preprocessor, load_image
+from tiny_model import make_tiny_checkpoint
 
 
 def _images():
@@ -50,7 +52,7 @@ def test_embedding_is_batch_invariant(tiny_embedder, tmp_path):
     # the forward pools the last real token of each right-padded row
     batch = tiny_embedder.preprocessor.collate([tiny_embedder.preprocessor(i["text"], i["image"]) for i in items[:2]])
     with torch.no_grad():
-        pixel_values = tiny_embedder.preprocessor.model_pixels(batch["pixel_values"])
+        pixel_values = tiny_embedder.pixel_values(batch["pixel_values"])
         hidden = tiny_embedder.model(**{**batch, "pixel_values": pixel_values}, use_cache=False).last_hidden_state
         pooled = tiny_embedder(**batch)
     last = batch["attention_mask"].sum(1) - 1
@@ -126,6 +128,31 @@ def test_transparent_and_grey_images_become_rgb(tiny_embedder):
     assert load_image(rgba).getpixel((30, 30)) == (255, 0, 0)
 
 
+def test_images_are_read_as_a_viewer_shows_them(tmp_path):
+    """16-bit greyscale and floating-point pixels scaled to 8 bits, EXIF orientation applied: known pixel values."""
+    import numpy as np
+    sixteen = np.array([[0, 32896], [65535, 257]], dtype=np.uint16)  # 32896 = 128 * 257: 8-bit 128
+    Image.fromarray(sixteen).save(tmp_path / "grey16.png")
+    with Image.open(tmp_path / "grey16.png") as raw:
+        assert raw.mode.startswith("I")  # Pillow keeps 16 bits: convert("RGB") alone would clip it to white
+    assert [load_image(str(tmp_path / "grey16.png")).getpixel(xy) for xy in [(0, 0), (1, 0), (0, 1), (1, 1)]] == \
+        [(0, 0, 0), (128, 128, 128), (255, 255, 255), (1, 1, 1)]
+    Image.fromarray(np.array([[0.0, 0.5], [1.0, 0.25]], dtype=np.float32)).save(tmp_path / "float.tiff")
+    assert [load_image(str(tmp_path / "float.tiff")).getpixel(xy)[0] for xy in [(0, 0), (1, 0), (0, 1), (1, 1)]] == \
+        [0, 128, 255, 64]  # floats in [0, 1], not black
+    photo = Image.new("RGB", (40, 20), (0, 0, 255))
+    photo.paste((255, 0, 0), (0, 0, 20, 20))  # left half red, as stored
+    exif = photo.getexif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to view": a phone held upright
+    photo.save(tmp_path / "rotated.jpg", exif=exif, quality=95)
+    shown = load_image(str(tmp_path / "rotated.jpg"))
+    assert shown.size == (20, 40)  # upright now
+    red_top, blue_bottom = shown.getpixel((10, 5)), shown.getpixel((10, 35))  # the stored left half is now on top
+    assert red_top[0] > 200 > red_top[2] and blue_bottom[2] > 200 > blue_bottom[0]
+    from model import image_size
+    assert image_size(str(tmp_path / "rotated.jpg")) == (20, 40)  # num_tokens counts the turned size too
+
+
 def test_tiny_checkpoint_layout_and_determinism(tiny_checkpoint, tmp_path):
     for name in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "preprocessor_config.json", "video_preprocessor_config.json"]:
@@ -142,9 +169,10 @@ def test_tiny_checkpoint_layout_and_determinism(tiny_checkpoint, tmp_path):
 
 
 def test_pixels_equal_transformers_processor(tiny_checkpoint):
-    """uint8 patches from the worker + model_pixels on the device = transformers' float pixel_values, bit for
-    bit: sizes that shrink, grow (under min_pixels) and stay, every mode load_image accepts."""
-    preprocessor = Preprocessor.from_pretrained(tiny_checkpoint, max_pixels=128 * 128)
+    """uint8 patches from the worker + Embedder.pixel_values on the device = transformers' float pixel_values, bit
+    for bit: sizes that shrink, grow (under min_pixels) and stay, every mode load_image accepts."""
+    embedder = Embedder.from_pretrained(tiny_checkpoint, max_pixels=128 * 128)
+    preprocessor = embedder.preprocessor
     noise = Image.effect_noise((300, 170), 80).convert("RGB")
     thin = [noise.resize((300, 11)), noise.resize((9, 40))]  # a side that rounds to 0 patches: grown, as transformers
     for image in [noise, noise.resize((20, 90)), noise.crop((0, 0, 64, 128)), *thin, *_images()]:
@@ -152,7 +180,7 @@ def test_pixels_equal_transformers_processor(tiny_checkpoint):
         reference = preprocessor.image_processor(images=[image], return_tensors="pt")
         patches, grid_h, grid_w = preprocessor.patches(image)
         assert patches.dtype == torch.uint8 and reference["image_grid_thw"].tolist() == [[1, grid_h, grid_w]]
-        assert torch.equal(preprocessor.model_pixels(patches), reference["pixel_values"]), image.size
+        assert torch.equal(embedder.pixel_values(patches), reference["pixel_values"]), image.size
 
 
 def test_tiny_checkpoint_sees_its_images(tiny_embedder):

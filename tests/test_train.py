@@ -1,7 +1,10 @@
-"""End-to-end tests of train.py on the toy benchmark with a tiny Qwen3.5 (CPU). Each check is an equivalence:
-resumed vs straight, GradCache vs plain, 2 gloo ranks vs 1 process, step folder vs exported folder."""
+"""End-to-end tests of train.py on the toy benchmark with a tiny Qwen3.5 (CPU), each through the real script:
+resumed vs straight (past a broken checkpoint and undecodable images), GradCache vs plain, 2 gloo ranks vs 1
+process, step folder vs exported folder (and its model card's snippet), and the runs that must stop or refuse."""
 import json
+import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -9,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data", "shapes"))
@@ -16,39 +20,62 @@ sys.path.insert(0, os.path.join(ROOT, "data", "shapes"))
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory, tiny_checkpoint):
+    """The toy benchmark with the query images of the first two global batches' rows 0 and 3 broken (a truncated
+    PNG, an empty file): with skip_bad_rows the runs below pass over them, the same way on every run."""
     from prepare import prepare
+    import data
     out = str(tmp_path_factory.mktemp("shapes"))
     paths = prepare(out, seed=0, num_train=120, num_eval=12)
-    return {"checkpoint": tiny_checkpoint, **paths, "root": out}
+    rows = [json.loads(line) for line in open(paths["train"])]
+    first = next(iter(data.ShardedBatchSampler(len(rows), 8, seed=1337)))  # train.py's seed, --batch_size=8
+    broken = [os.path.join(paths["images"], rows[first[k]]["qry_image_path"]) for k in (0, 3)
+              if rows[first[k]]["qry_image_path"]]
+    with open(broken[0], "rb") as f:
+        whole = f.read()
+    with open(broken[0], "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    if len(broken) > 1:
+        open(broken[1], "wb").close()
+    return {"checkpoint": tiny_checkpoint, **paths, "root": out, "broken": broken}
 
 
-def run_train(toy, out_dir, *args, nproc=1, expect_returncode=0):
-    """Run train.py on the toy config in a subprocess; -> the log.jsonl records."""
-    common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={toy['checkpoint']}",
+def launch(toy, out_dir, *args, nproc=1):
+    """Run train.py on the toy config in a subprocess. -> (return code, its stdout and stderr)"""
+    common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={os.path.relpath(toy['checkpoint'], ROOT)}",
               f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out_dir}",
               "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096",
-              "--micro_batch=5"]  # several forward calls per side, a different count on 1 and 2 ranks
+              "--micro_batch=5", "--skip_bad_rows=True"]  # several forward calls per side, a different count on 1 and 2 ranks
     if nproc == 1:
         command = [sys.executable, os.path.join(ROOT, "train.py")]
     else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                   f"--master_port={port}", os.path.join(ROOT, "train.py")]
+                   f"--master_port={free_port()}", os.path.join(ROOT, "train.py")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    result = subprocess.run(command + common + list(args), cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == expect_returncode, result.stdout[-3000:] + result.stderr[-3000:]
-    if expect_returncode:
-        return result.stdout
+    result = subprocess.run(command + common + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return result.returncode, result.stdout + result.stderr
+
+
+def run_train(toy, out_dir, *args, nproc=1, expect_returncode=0):
+    """launch(), asserting its return code; -> the log.jsonl records, or on an expected failure the output."""
+    returncode, output = launch(toy, out_dir, *args, nproc=nproc)
+    assert returncode == expect_returncode, output[-6000:]
+    return output if expect_returncode else read_log(out_dir)
+
+
+def read_log(out_dir):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         return [json.loads(line) for line in f]
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def assert_same_run(reference, other):
-    """Same losses step by step, and the same gradient norm at step 1 (the gradient before any update);
-    later norms get a looser bound: Adam's first steps amplify float-rounding differences."""
+    """Same losses step by step, and the same gradient norm at step 1 (the gradient before any update); later
+    norms get a looser bound: Adam's first steps amplify float-rounding differences."""
     assert [r["step"] for r in other] == [r["step"] for r in reference]
     for a, b in zip(reference, other):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
@@ -65,20 +92,88 @@ def straight(toy, tmp_path_factory):
     return out, run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2")
 
 
-def test_resume_reproduces_the_straight_run(toy, straight, tmp_path):
+def test_the_straight_run_writes_checkpoints_export_curves_and_passes_over_bad_images(straight, toy):
+    import plot
     out, records = straight
-    assert sorted(os.listdir(out)) == ["config.json", "export", "log.jsonl", "step_000002", "step_000004"]
+    assert sorted(os.listdir(out)) == ["config.json", "curves.png", "export", "log.jsonl", "step_000002",
+                                       "step_000004"]
+    assert records[0]["skipped_rows"] == len(toy["broken"]) >= 1  # found in the first batch, counted, passed over
+    assert all(r["time"] > 0 and r["elapsed"] >= 0 for r in records)
+    with Image.open(os.path.join(out, "curves.png")) as curves:  # seven panels, four a row
+        assert curves.size == plot.grid_size(len(plot.CURVES), 4, (360, 240), "x")
+    info = json.load(open(os.path.join(out, "step_000004", "pace.json")))
+    assert os.path.isabs(info["backbone"])  # given relative, stored absolute: the folder loads from anywhere
+    assert set(info["files"]) == set(os.listdir(os.path.join(out, "step_000004"))) - {"pace.json"}
+
+
+def test_resume_reproduces_the_straight_run_past_a_broken_checkpoint(toy, straight, tmp_path):
+    out, records = straight
     resumed = str(tmp_path / "resumed")
     shutil.copytree(out, resumed)
-    shutil.rmtree(os.path.join(resumed, "step_000004"))
-    os.remove(os.path.join(resumed, "log.jsonl"))
-    # a half-written newer checkpoint must be ignored
-    os.makedirs(os.path.join(resumed, "step_000003.tmp"))
-    again = run_train(toy, resumed, "--max_iters=4", "--checkpoint_interval=2", "--resume=True", "--num_workers=1")
-    assert [r["step"] for r in again] == [3, 4]
+    shard = os.path.join(resumed, "step_000004", "__0_0.distcp")
+    with open(shard, "r+b") as f:  # one byte changed, the size kept: only the checksum can tell
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.makedirs(os.path.join(resumed, "step_000003.tmp"))  # a checkpoint a crash left half-written
+    returncode, output = launch(toy, resumed, "--max_iters=4", "--checkpoint_interval=2", "--resume=True",
+                                "--num_workers=1")
+    assert returncode == 0, output[-6000:]
+    assert f"removed {resumed}/step_000003.tmp, left unfinished" in output
+    assert re.search(r"step_000004: broken checkpoint, __0_0\.distcp has changed since it was written \(CRC-32\); "
+                     r"trying the checkpoint before it", output)
+    assert f"resumed from {resumed}/step_000002 at step 2" in output
+    again = read_log(resumed)
+    assert [r["step"] for r in again] == [1, 2, 3, 4]  # the log keeps steps 1-2, then the resumed 3-4
     for step in (3, 4):
         assert losses(again)[step] == pytest.approx(losses(records)[step], rel=1e-6, abs=1e-7)
+        assert again[step - 1]["skipped_rows"] == records[step - 1]["skipped_rows"]  # the same rows passed over
     assert losses(records)[4] != pytest.approx(losses(records)[2], rel=1e-6)  # the model did move
+
+
+def test_broken_step_folders_are_named_wherever_they_are_loaded(straight, tmp_path):
+    from model import load_embedder
+    import checkpoint
+    cases = {"truncated shard": ("__0_0.distcp", lambda f: f.truncate(100), "__0_0.distcp is 100 bytes"),
+             "empty RNG file": ("rng_rank0.pt", lambda f: f.truncate(0), "rng_rank0.pt is 0 bytes"),
+             "half a pace.json": ("pace.json", lambda f: f.truncate(40), "cannot read pace.json")}
+    for name, (file, damage, message) in cases.items():
+        folder = str(tmp_path / name.replace(" ", "_"))
+        shutil.copytree(os.path.join(straight[0], "step_000004"), folder)
+        with open(os.path.join(folder, file), "r+b") as f:
+            damage(f)
+        with pytest.raises(ValueError, match=re.escape(folder) + ": broken checkpoint, " + message):
+            load_embedder(folder)  # --init_from of Stage II and eval.py
+    hostile = tmp_path / "rng_rank0.pt"
+    torch.save({"cpu": torch.get_rng_state(), "cuda": Exploit(tmp_path / "pwned")}, hostile)  # runs code on load
+    with pytest.raises(ValueError, match="cannot read the RNG states"):
+        checkpoint.load_rng(str(hostile))
+    assert not (tmp_path / "pwned").exists()
+
+
+class Exploit:
+    """Unpickled, it creates a file: what a hostile checkpoint could do instead."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_fresh_run_over_an_earlier_runs_checkpoints_is_refused(toy, straight, tmp_path):
+    earlier = str(tmp_path / "earlier")
+    shutil.copytree(straight[0], earlier)
+    os.makedirs(os.path.join(earlier, "step_000009.tmp"))
+    output = run_train(toy, earlier, "--max_iters=2", expect_returncode=1)
+    assert re.search(r"error: .*earlier holds an earlier run \(step_000002, step_000004, export\): continue it with "
+                     r"--resume=True, write elsewhere with --out_dir=\.\.\., or start over with --overwrite=True", output)
+    assert "Traceback" not in output  # a mistake to fix: one line, no traceback
+    assert sorted(os.listdir(earlier))[-3:] == ["step_000002", "step_000004", "step_000009.tmp"]  # nothing touched
+    run_train(toy, earlier, "--max_iters=1", "--overwrite=True", "--checkpoint_interval=1")
+    assert sorted(p for p in os.listdir(earlier) if p.startswith("step_")) == ["step_000001"]
+    assert [r["step"] for r in read_log(earlier)] == [1]  # a new log, not the old one continued
 
 
 def test_grad_cache_gives_the_plain_gradients(toy, straight, tmp_path):
@@ -94,16 +189,17 @@ def test_two_gloo_ranks_equal_one_process(toy, straight, tmp_path):
     _, one = straight
     two = run_train(toy, str(tmp_path / "ddp"), "--max_iters=4", "--checkpoint_interval=2", nproc=2)
     assert_same_run(one, two)
+    assert two[0]["skipped_rows"] == one[0]["skipped_rows"]  # counted over both ranks
     # the sharded checkpoint written by two ranks loads in one process to the same weights
     from model import load_embedder
     single, _ = load_embedder(os.path.join(straight[0], "step_000002"))
     sharded, info = load_embedder(str(tmp_path / "ddp" / "step_000002"))
-    assert info["world_size"] == 2
+    assert info["world_size"] == 2 and len([f for f in info["files"] if f.endswith(".distcp")]) == 2
     for (name, a), (_, b) in zip(single.state_dict().items(), sharded.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=5e-5, msg=name)  # Adam amplifies float noise
 
 
-def test_stage_two_from_stage_one_and_export(toy, straight, tmp_path):
+def test_stage_two_from_stage_one_and_its_export(toy, straight, tmp_path, monkeypatch):
     from transformers import AutoModelForImageTextToText
     from lora import merge_lora
     from model import Embedder, load_embedder
@@ -112,6 +208,7 @@ def test_stage_two_from_stage_one_and_export(toy, straight, tmp_path):
     records = run_train(toy, out, f"--init_from={stage1_step}", "--max_iters=2", "--checkpoint_interval=2",
                         "--lora_rank=0", "--similarity='dot'", "--temperature=6.4", "--learning_rate=1e-3")
     assert len(records) == 2 and all(r["loss"] > 0 for r in records)
+    monkeypatch.chdir(tmp_path)  # step folders load from anywhere
     stage2, info = load_embedder(os.path.join(out, "step_000002"))
     assert info["lora_rank"] == 0 and info["similarity"] == "dot" and info["backbone"] == toy["checkpoint"]
     exported = Embedder.from_pretrained(os.path.join(out, "export"))
@@ -122,6 +219,16 @@ def test_stage_two_from_stage_one_and_export(toy, straight, tmp_path):
     full = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "export"))
     for name, value in exported.model.state_dict().items():
         torch.testing.assert_close(full.model.state_dict()[name], value, msg=name)
+    # the model card names the similarity, and its plain-transformers snippet gives Embedder's embeddings
+    card = open(os.path.join(out, "export", "README.md")).read()
+    assert "## Similarity: dot product" in card and "query @ candidate" in card
+    snippet = card.split("```python\n")[1].split("```")[0]
+    namespace = {}
+    exec(snippet, namespace)  # noqa: S102 - the card's own code, run as a reader would
+    expected = exported.encode([{"text": "Find the caption that best describes this picture: a red circle",
+                                 "image": None}, {"text": "a red circle", "image": None}])
+    torch.testing.assert_close(namespace["query"], expected[0], atol=1e-4, rtol=1e-4)
+    assert namespace["score"].item() == pytest.approx((expected[0] @ expected[1]).item(), rel=1e-4)
     # Stage II trained the language model: it differs from the Stage I weights, the vision tower does not
     stage1, _ = load_embedder(stage1_step)
     merge_lora(stage1)
@@ -134,17 +241,54 @@ def test_stage_two_from_stage_one_and_export(toy, straight, tmp_path):
 def sorted_image(toy):
     for folder, _, files in sorted(os.walk(toy["images"])):
         for name in sorted(files):
-            return os.path.relpath(os.path.join(folder, name), toy["images"])
+            if os.path.join(folder, name) not in toy["broken"]:
+                return os.path.relpath(os.path.join(folder, name), toy["images"])
 
 
-def test_non_finite_steps_are_skipped_then_stop_the_run(toy, tmp_path):
-    # lr 1e30 makes the weights infinite after the first update: every later loss is non-finite
+def test_a_checkpoint_whose_weights_break_the_next_step_is_not_called_good(toy, straight, tmp_path):
+    # from step 2's good weights, dot logits at lr 1e30: step 3's update leaves weights that are finite but give NaN
+    # embeddings at step 4. The run stops, step 3's checkpoint moves aside, and the stop names step 2, counting
+    # steps as the log lines do
     out = str(tmp_path / "nan")
-    stdout = run_train(toy, out, "--max_iters=8", "--checkpoint_interval=1", "--max_bad_steps=2",
-                       "--learning_rate=1e30", "--warmup_ratio=0.0", "--grad_clip=0.0", expect_returncode=1)
-    assert "update skipped (1 in a row, 1 in all)" in stdout and "stopping: 2 non-finite steps in a row" in stdout
-    assert "step_000001" in stdout.splitlines()[-1]  # the message names the last good checkpoint
-    with open(os.path.join(out, "log.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    assert records[0]["bad_steps"] == 0 and records[-1]["bad_steps"] == 2
+    shutil.copytree(straight[0], out)
+    shutil.rmtree(os.path.join(out, "step_000004"))
+    output = run_train(toy, out, "--max_iters=8", "--checkpoint_interval=1", "--max_bad_steps=2", "--resume=True",
+                       "--learning_rate=1e30", "--warmup_ratio=0.0", "--grad_clip=0.0", "--similarity='dot'",
+                       "--temperature=6.4", expect_returncode=1)
+    assert "step 4/8: a non-finite loss or gradient" in output and "update skipped (1 in a row, 1 in all)" in output
+    assert "step 4: no checkpoint written: a non-finite loss or gradient" in output
+    assert f"moved {out}/step_000003 aside to {out}/step_000003.suspect: its weights led to step 4" in output
+    assert f"stopping: 2 bad steps in a row from step 4; the last good checkpoint is {out}/step_000002" in output
+    records = read_log(out)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5] and records[-1]["bad_steps"] == 2
+    assert sorted(p for p in os.listdir(out) if p.startswith("step_")) == ["step_000002", "step_000003.suspect"]
+
+
+def test_collapsed_embeddings_stop_the_run_and_their_checkpoint_moves_aside(toy, tmp_path):
+    # cosine logits at lr 1e3: within a few steps every embedding falls onto one vector (every logit of a query
+    # alike: loss = ln of the candidate count, gradient about 0); training on would save and export a dead model
+    out = str(tmp_path / "collapse")
+    output = run_train(toy, out, "--max_iters=8", "--checkpoint_interval=1", "--max_bad_steps=2",
+                       "--learning_rate=1e3", "--warmup_ratio=0.0", "--grad_clip=0.0", expect_returncode=1)
+    first = int(re.search(r"step (\d)/8: collapsed embeddings \(every logit of a query alike\)", output).group(1))
+    assert first >= 2 and math.log(24) == pytest.approx(read_log(out)[-1]["loss"], rel=1e-4)  # 8 positives + 16 negatives
+    suspect = f"{out}/step_{first - 1:06d}"  # saved after the update that collapsed the model
+    assert f"moved {suspect} aside to {suspect}.suspect: its weights led to step {first}" in output
+    good = f"{out}/step_{first - 2:06d}" if first > 2 else "none"
+    assert f"stopping: 2 bad steps in a row from step {first}; the last good checkpoint is {good}" in output
     assert not os.path.exists(os.path.join(out, "export"))
+
+
+@pytest.mark.parametrize("weighting", ["random", "query_negative"])
+def test_figure_6b_weightings_train_and_kept_checkpoints_survive_pruning(toy, tmp_path, weighting):
+    out = str(tmp_path / weighting)
+    returncode, output = launch(toy, out, "--max_iters=4", f"--weighting='{weighting}'", "--checkpoint_interval=1",
+                                "--keep_last=1", "--keep_checkpoints=[1, 2]")
+    assert returncode == 0, output[-6000:]
+    records = read_log(out)
+    assert len(records) == 4 and all(math.isfinite(r["loss"]) for r in records)
+    assert records[0]["weight_min"] < records[0]["weight_max"]  # the weights differ between queries
+    # Figure 6(a)'s transition checkpoints: kept through pruning, as config/stage1.py keeps 2,000, 4,000 and 7,847
+    assert sorted(p for p in os.listdir(out) if p.startswith("step_")) == ["step_000001", "step_000002", "step_000004"]
+    assert "instructions='paper' on the queries: unknown dataset 120" in output  # the toy is no MMEB dataset
+    assert json.load(open(os.path.join(out, "export", "pace.json")))["config"]["weighting"] == weighting

@@ -22,7 +22,7 @@ Written under out_dir (git-ignored):
   involves an unseen combination).
 - images/: every image; the paths in both files are relative to it.
 - tiny-qwen3.5/: the command line also writes the tiny random Qwen3.5 that config/shapes_*.py start
-  from (model.make_tiny_checkpoint; this step needs torch and transformers; --no-tiny_checkpoint skips it).
+  from (tiny_model.make_tiny_checkpoint; this step needs torch and transformers; --no-tiny_checkpoint skips it).
 
 Queries carry the paper's task instructions (Table 5); grounding, absent from Table 5, uses MMEB's.
 
@@ -36,7 +36,6 @@ import json
 import os
 import random
 import shutil
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -289,6 +288,5 @@ if __name__ == "__main__":
     paths = prepare(args.out_dir, args.seed, args.num_train, args.num_eval, args.num_candidates, args.image_size)
     print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets) and {paths['images']}/")
     if args.tiny_checkpoint:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        from model import make_tiny_checkpoint  # model.py sits at the repository root
+        from tiny_model import make_tiny_checkpoint  # beside this file; needs torch and transformers
         print(f"wrote {make_tiny_checkpoint(os.path.join(args.out_dir, 'tiny-qwen3.5'), seed=args.seed)}")

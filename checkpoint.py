@@ -1,0 +1,280 @@
+"""
+checkpoint.py: what train.py's folders hold on disk, and how they are checked before anything trusts them.
+
+    out_dir/step_NNNNNN/   a training step: the sharded model and optimizer (torch.distributed.checkpoint:
+                           .metadata and __<rank>_<n>.distcp), rng_rank<r>.pt per rank, and pace.json (step,
+                           data position, config, and every file's size and CRC-32), written last
+    out_dir/export/        the merged model as a Hugging Face folder (model.safetensors, config, tokenizer),
+                           pace.json and a model card, README.md
+
+A step folder is written under a .tmp name and renamed when complete, so a crash leaves no half-written one
+that looks finished. verify() reads back each file's size and checksum: a truncated, emptied or corrupted
+file names the folder and the file. Loading a step folder is safe: its .metadata pickle is read by an
+unpickler that builds only the few classes such a file holds (safe_reader), and the shards and RNG files are
+read as tensors only (weights_only). The export's safetensors never run code.
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import warnings
+import zlib
+
+import torch
+
+# torch.distributed.checkpoint says this at every save and load in one process, which is how it is meant here
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+INFO = "pace.json"  # beside the weights: how the model was trained, and the files to verify
+STEP_NAME = re.compile(r"step_\d{6}$")
+
+
+def step_path(out_dir, step):
+    return os.path.join(out_dir, f"step_{step:06d}")
+
+
+def complete(out_dir):
+    """The complete step folders of out_dir (renamed from .tmp, pace.json inside), oldest first."""
+    paths = [p for p in glob.glob(os.path.join(glob.escape(out_dir), "step_*")) if STEP_NAME.search(p)]
+    return sorted(p for p in paths if os.path.isfile(os.path.join(p, INFO)))
+
+
+def read_info(path):
+    """The pace.json of an export/ or step folder; {} for a plain release. ValueError naming a broken one."""
+    info_path = os.path.join(path, INFO)
+    if not os.path.isfile(info_path):
+        return {}
+    try:
+        with open(info_path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: broken checkpoint, cannot read {INFO} ({error})") from None
+
+
+def file_record(path):
+    """{"bytes": size, "crc32": checksum}: what pace.json keeps of each file. CRC-32 reads at GB/s, little next to
+    writing the shards; it catches a flipped byte, which the size alone would not."""
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+    return {"bytes": os.path.getsize(path), "crc32": crc}
+
+
+def record_files(folder, rank, world_size):
+    """Every rank records the files it wrote into folder (its shards __<rank>_*, its RNG state; rank 0 also
+    .metadata); rank 0 gets them all, plus any file no rank claimed. -> {name: record} on rank 0, else {}."""
+    names = os.listdir(folder)
+    mine = [n for n in names if n.startswith(f"__{rank}_") or n == f"rng_rank{rank}.pt"
+            or (rank == 0 and n == ".metadata")]
+    records = {name: file_record(os.path.join(folder, name)) for name in mine}
+    if world_size > 1:
+        gathered = [None] * world_size
+        torch.distributed.all_gather_object(gathered, records)
+        records = {name: record for part in gathered for name, record in part.items()}
+    if rank != 0:
+        return {}
+    for name in set(names) - set(records) - {INFO}:
+        records[name] = file_record(os.path.join(folder, name))
+    return dict(sorted(records.items()))
+
+
+def verify(path):
+    """A step folder -> its pace.json, once every file it lists has its recorded size and CRC-32 (sizes first:
+    cheap, and a truncated or empty shard shows at once). ValueError naming the folder and the broken file."""
+    info = read_info(path)
+    if not info:
+        raise ValueError(f"{path}: not a step folder of this project (no {INFO})")
+    files = info.get("files")
+    if files is None:
+        print(f"{path}: written before checkpoints recorded checksums; loading it unverified")
+        return info
+    for name, record in files.items():
+        file = os.path.join(path, name)
+        size = os.path.getsize(file) if os.path.isfile(file) else None
+        if size != record["bytes"]:
+            raise ValueError(f"{path}: broken checkpoint, {name} is "
+                             f"{'missing' if size is None else f'{size:,} bytes'}, {record['bytes']:,} written")
+    for name, record in files.items():
+        if file_record(os.path.join(path, name))["crc32"] != record["crc32"]:
+            raise ValueError(f"{path}: broken checkpoint, {name} has changed since it was written (CRC-32)")
+    return info
+
+
+def newest_intact(out_dir):
+    """The newest complete step folder of out_dir that verifies; broken ones are named and passed over. -> path
+    or None."""
+    for path in reversed(complete(out_dir)):
+        try:
+            verify(path)
+            return path
+        except (OSError, ValueError) as error:
+            print(f"{error}; trying the checkpoint before it", flush=True)
+    return None
+
+
+def load_rng(path):
+    """A rank's RNG states, read as tensors only: a shared checkpoint's pickle cannot run code here."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - truncated, corrupt or hostile: the same answer
+        raise ValueError(f"{path}: broken checkpoint, cannot read the RNG states ({error})") from None
+
+
+# -----------------------------------------------------------------------------
+# the export: a Hugging Face folder and its model card
+
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                 "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                 "preprocessor_config.json", "video_preprocessor_config.json")
+
+
+def save_hf_folder(state_dict, backbone, out_dir, info, card=""):
+    """Write a consolidated Embedder state_dict (keys "model.visual...", "model.language_model..."; LoRA already
+    merged) as a Hugging Face folder in the release layout, so Embedder.from_pretrained and plain transformers
+    (Qwen3_5ForConditionalGeneration) both load it, with pace.json and the model card `card` (README.md).
+    Atomic: written aside, then renamed."""
+    from safetensors.torch import save_file
+    if any("lora_" in key for key in state_dict):
+        raise ValueError("merge the LoRA adapters (lora.merge_lora) before saving a Hugging Face folder")
+    tmp_dir = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    os.makedirs(tmp_dir)
+    for name in HF_SIDE_FILES:
+        if os.path.isfile(os.path.join(backbone, name)):
+            shutil.copy(os.path.join(backbone, name), tmp_dir)
+    tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
+    save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp_dir, INFO), "w") as f:
+        json.dump(info, f, indent=2)
+    if card:
+        with open(os.path.join(tmp_dir, "README.md"), "w") as f:
+            f.write(card)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp_dir, out_dir)
+
+
+CARD = '''---
+library_name: transformers
+pipeline_tag: feature-extraction
+base_model: {base_model}
+tags: [multimodal-embedding, qwen3_5, pace]
+---
+
+# {name}: a multimodal embedding model trained with PACE
+
+A Qwen3.5 vision-language model ({backbone_name}) turned into an embedding model: text, an image, or both
+go in; one vector comes out. Trained with PACE (Progressive Angular-to-Norm Contrastive Embedding): Stage I
+trains LoRA adapters with cosine logits, Stage II merges them and fine-tunes the whole language model with
+dot-product logits; both weight each query by the Focal Embedding Loss. This checkpoint: {what}, step {step}.
+
+## Similarity: {similarity_words}
+
+Rank candidates by the **{similarity_name}** of the query's and the candidates' embeddings. {similarity_why}
+
+## Prompt and pooling
+
+Every input, query or candidate, is encoded alone under this prompt; the embedding is the last layer's
+hidden state at the final `<|endoftext|>` (last-token pooling), not normalised:
+
+```
+<|im_start|>system
+Represent the user's input.<|im_end|>
+<|im_start|>user
+{{the image, as <|vision_start|><|image_pad|>...<|vision_end|>, then the text}}<|im_end|>
+<|im_start|>assistant
+<|endoftext|>
+```
+
+Queries start their text with a task instruction, e.g. "Retrieve an image that best matches the following
+description." or "Find the caption that best describes this image.".
+
+## Load it with plain transformers (text)
+
+```python
+import torch
+from transformers import AutoTokenizer, Qwen3_5Model
+
+path = "{folder}"
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = Qwen3_5Model.from_pretrained(path).eval()
+
+def embed(text):
+    prompt = ("<|im_start|>system\\nRepresent the user's input.<|im_end|>\\n<|im_start|>user\\n"
+              + text + "<|im_end|>\\n<|im_start|>assistant\\n<|endoftext|>")
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).last_hidden_state[0, -1]
+
+query = embed("Find the caption that best describes this picture: a red circle")
+candidate = embed("a red circle")
+score = {score_expression}
+```
+
+Images go through the same prompt with Qwen's image placeholders; the PACE repository's `load_embedder`
+builds them (and batches, and pools) for you:
+
+```python
+from model import load_embedder        # run from the PACE repository's root
+embedder, info = load_embedder("{folder}")
+vectors = embedder.encode([{{"text": "Find the caption that best describes this image.", "image": "photo.jpg"}},
+                           {{"text": "a dog catching a frisbee", "image": None}}])
+score = {encode_score_expression}
+```
+
+## Training
+
+{training}
+
+## Evaluation
+
+{evaluation}
+'''
+EVALUATION_START = "## Evaluation\n"
+
+
+def model_card(info, folder):
+    """The README.md of an export folder (Hugging Face model card) from its pace.json `info`."""
+    config, similarity = info.get("config", {}), info.get("similarity", "cos")
+    dot = similarity == "dot"
+    keys = ("init_from", "train_data", "max_iters", "batch_size", "num_hard_negatives", "learning_rate",
+            "warmup_ratio", "similarity", "temperature", "focal_gamma", "focal_temperature", "weighting", "lora_rank",
+            "lora_alpha", "grad_cache_chunk", "instructions", "max_length", "max_pixels", "seed")
+    training = "\n".join(f"| `{k}` | `{config[k]!r}` |" for k in keys if k in config)
+    backbone = info.get("backbone", "")
+    return CARD.format(
+        base_model=os.path.basename(os.path.normpath(backbone)) or "Qwen3.5", name=os.path.basename(
+            os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=os.path.basename(backbone) or backbone,
+        what=("dot-product training with the whole language model" if dot and not info.get("lora_rank") else
+              "cosine training" if not dot else "dot-product training"), step=info.get("step", "?"),
+        similarity_words="dot product" if dot else "cosine", similarity_name="dot product" if dot else "cosine",
+        similarity_why=("The norms carry meaning after Stage II: do not normalise the vectors." if dot else
+                        "It was trained with cosine logits: normalise the vectors (or use cosine similarity)."),
+        folder=folder, score_expression="query @ candidate" if dot else
+        "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
+        encode_score_expression="vectors[0] @ vectors[1]" if dot else
+        "torch.nn.functional.cosine_similarity(vectors[0], vectors[1], dim=0)",
+        training="| key | value |\n|---|---|\n" + training if training else "(no training config recorded)",
+        evaluation="Not evaluated yet: `python eval.py --init_from=<this folder> ...` in the PACE repository "
+                   "writes its MMEB table here.")
+
+
+def add_evaluation(folder, text):
+    """Replace the Evaluation section of folder's model card with `text` (eval.py's table), if it has a card."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        card = f.read()
+    head = card.split(EVALUATION_START)[0]
+    with open(path + ".tmp", "w") as f:
+        f.write(head + EVALUATION_START + "\n" + text.rstrip() + "\n")
+    os.replace(path + ".tmp", path)
+    return True
+
+
+def load_state(state, path):
+    """torch.distributed.checkpoint.load of a step folder into `state` (in place), its .metadata read safely."""
+    import torch.distributed.checkpoint as dcp
+    dcp.load(state, checkpoint_id=path)

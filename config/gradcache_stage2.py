@@ -1,0 +1,12 @@
+# Table 6, PACE with GradCache, Stage II: Stage II's settings at a global batch of 1,024, tau 100 / 5 = 20.
+out_dir = "out/gradcache_stage2"
+init_from = "out/gradcache_stage1/step_000500"
+batch_size = 1024
+grad_cache_chunk = 8
+max_iters = 1953
+checkpoint_interval = 250
+learning_rate = 2e-6
+similarity = "dot"
+temperature = 20.0
+lora_rank = 0
+keep_checkpoints = []

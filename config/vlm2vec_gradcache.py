@@ -1,0 +1,9 @@
+# Table 6, VLM2Vec with GradCache: the VLM2Vec baseline at a global batch of 1,024, tau 0.1 / 5 = 0.02.
+out_dir = "out/vlm2vec_gradcache"
+focal_gamma = 0.0
+batch_size = 1024
+grad_cache_chunk = 8
+temperature = 0.02
+max_iters = 1953
+checkpoint_interval = 250
+keep_checkpoints = []

@@ -1,0 +1,412 @@
+"""
+plot.py: every picture the project draws, with Pillow only. Each function returns an RGB
+PIL.Image.Image on white, so callers can put pictures side by side (grid) and write them (save).
+
+    import plot
+    curves = plot.line_panels([{"title": "loss", "series": [{"label": "train", "x": steps, "y": losses}],
+                                "marks": [(1000, "Stage II")]}], title="shapes")
+    pca = plot.scatter(xs, ys, colour=percentiles, equal_axes=True, title="PCA", note="r = -0.78")
+    plot.save(plot.grid([curves, pca], columns=2, titles=["curves", "PCA"]), "out/figures/run.png")
+
+line_panels: training curves against step (training_curves reads them from train.py's log.jsonl).
+scatter: log norm product vs cosine, PCA pictures. histogram: cosine distributions of several models.
+retrieval_sheet: what an embedder retrieves. NaN and inf values are skipped; empty, constant and
+single-point data draw without error.
+
+The curves of any run, also one still going; several out_dirs continue one another (Stage I, then II):
+
+    python plot.py out/shapes_stage1 out/shapes_stage2          # -> out/shapes_stage2/curves.png
+"""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+FONT = ImageFont.load_default()  # built into Pillow: no font file to find
+TITLE_HEIGHT = 24  # band at the top of a figure that has a title
+MARGINS = (46, 20, 10, 18)  # left, top, right, bottom: room round a line panel's plot area for its labels
+PAD, LINE_HEIGHT, MAX_LINES, FRAME = 6, 12, 6, 4  # retrieval_sheet cells
+WHITE, BLACK, GREY, LIGHT = (255, 255, 255), (0, 0, 0), (120, 120, 120), (225, 225, 225)
+GREEN, RED, BLUE = (0, 170, 60), (220, 30, 30), (40, 80, 210)
+PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (148, 103, 189), (140, 86, 75),
+           (227, 119, 194), (23, 190, 207), (188, 189, 34)]
+
+
+# -----------------------------------------------------------------------------
+# numbers to pixels
+
+def points(x, y, log_y=False):
+    """(x, y) pairs as an (n, 2) array, without pairs holding NaN or inf (or y <= 0 when log_y)."""
+    n = min(len(x), len(y))
+    xy = np.column_stack([np.asarray(x, dtype=float)[:n], np.asarray(y, dtype=float)[:n]])
+    if log_y:
+        xy[:, 1] = np.log10(np.where(xy[:, 1] > 0, xy[:, 1], np.nan))
+    return xy[np.isfinite(xy).all(axis=1)]
+
+
+def padded_range(values, pad=0.05):
+    """(low, high) of values widened by pad of the span; no span (one value, or none) gets room round it."""
+    if len(values) == 0:
+        return 0.0, 1.0
+    low, high = float(np.min(values)), float(np.max(values))
+    room = pad * (high - low) if high > low else abs(low) * 0.1 or 1.0
+    return low - room, high + room
+
+
+def finite(values):
+    """values as a flat float array without its NaN and inf."""
+    values = np.asarray(values, dtype=float).ravel()
+    return values[np.isfinite(values)]
+
+
+def nice_ticks(low, high):
+    """About four round values (1, 2, 2.5 or 5 times a power of ten apart) between low and high."""
+    power = 10.0 ** math.floor(math.log10((high - low) / 4))
+    steps = [m * power for m in (1, 2, 2.5, 5, 10)]
+    step = min(steps, key=lambda s: abs(math.floor(high / s) - math.ceil(low / s) + 1 - 4))  # nearest 4 ticks
+    return [k * step for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
+
+
+def log_ticks(low, high):
+    """Tick positions on a log10 axis: whole powers of ten, or round values when fewer than two fit."""
+    powers = [t for t in nice_ticks(low, high) if t == int(t)]
+    if len(powers) >= 2:
+        return powers
+    return [math.log10(v) for v in nice_ticks(10 ** low, 10 ** high) if v > 0]
+
+
+def compact(v):
+    """A short label for a number: 20000, 0.35, 1.2e-05."""
+    return str(int(v)) if v == int(v) and abs(v) < 1e6 else f"{v:.3g}"
+
+
+def scaler(low, high, start, end):
+    """A function mapping data values in [low, high] to pixels in [start, end]."""
+    return lambda v: start + (v - low) / (high - low) * (end - start)
+
+
+def ramp(p):
+    """The colour of p in [0, 1] (clipped): blue at 0, through purple, to red at 1."""
+    p = min(max(float(p), 0.0), 1.0)
+    return tuple(round(a + (b - a) * p) for a, b in zip(BLUE, RED))
+
+
+# -----------------------------------------------------------------------------
+# layout and the pieces every picture shares
+
+def grid_size(count, columns, cell_size, title=""):
+    """(width, height) of count cells of cell_size, columns per row, plus the title band if titled."""
+    rows = max(1, math.ceil(count / columns))  # an empty figure still gets one row of blank cells
+    return columns * cell_size[0], rows * cell_size[1] + (TITLE_HEIGHT if title else 0)
+
+
+def cell_origin(index, columns, cell_size, title=""):
+    """Top-left pixel of cell index in a grid_size layout."""
+    top = TITLE_HEIGHT if title else 0
+    return (index % columns) * cell_size[0], top + (index // columns) * cell_size[1]
+
+
+def canvas(size, title=""):
+    """A white image of size with title centred in the band at its top."""
+    image = Image.new("RGB", tuple(size), WHITE)
+    if title:
+        ImageDraw.Draw(image).text((size[0] / 2, TITLE_HEIGHT / 2), title, fill=BLACK, font=FONT, anchor="mm")
+    return image
+
+
+def axes(draw, area, x_range, y_range, log_y=False):
+    """Draw a frame round area with ticks and faint grid lines; return the data-to-pixel maps of x and y."""
+    x0, y0, x1, y1 = area
+    sx, sy = scaler(*x_range, x0, x1), scaler(*y_range, y1, y0)  # pixel rows grow downwards
+    for t in nice_ticks(*x_range):
+        draw.line([(sx(t), y1), (sx(t), y1 + 3)], fill=BLACK)
+        draw.text((sx(t), y1 + 4), compact(t), fill=BLACK, font=FONT, anchor="mt")
+    for t in log_ticks(*y_range) if log_y else nice_ticks(*y_range):
+        draw.line([(x0, sy(t)), (x1, sy(t))], fill=LIGHT)
+        draw.text((x0 - 3, sy(t)), compact(10 ** t if log_y else t), fill=BLACK, font=FONT, anchor="rm")
+    draw.rectangle(area, outline=BLACK)
+    return sx, sy
+
+
+def legend(draw, corner, entries):
+    """(label, colour) entries in a box hanging from the top-right corner (x, y); nothing if there are none."""
+    if not entries:
+        return
+    width = max(FONT.getlength(label) for label, _ in entries) + 26
+    x, y = corner[0] - width - 4, corner[1] + 4
+    draw.rectangle((x, y, x + width, y + LINE_HEIGHT * len(entries) + 4), fill=WHITE, outline=LIGHT)
+    for i, (label, colour) in enumerate(entries):
+        middle = y + 2 + LINE_HEIGHT * i + LINE_HEIGHT / 2
+        draw.line([(x + 4, middle), (x + 18, middle)], fill=colour, width=2)
+        draw.text((x + 22, middle), label, fill=BLACK, font=FONT, anchor="lm")
+
+
+def figure(size, title, x_label, y_label, right=12):
+    """A titled canvas for one plot with its axis labels; returns the image, a draw on it and the plot area."""
+    image = canvas(size, title)
+    draw = ImageDraw.Draw(image)
+    area = (60, (TITLE_HEIGHT if title else 4) + 16, size[0] - right, size[1] - 36)
+    draw.text((area[0], area[1] - 4), y_label, fill=BLACK, font=FONT, anchor="ld")  # above the y axis
+    draw.text(((area[0] + area[2]) / 2, size[1] - 4), x_label, fill=BLACK, font=FONT, anchor="md")
+    return image, draw, area
+
+
+def polyline(draw, pixels, colour):
+    """A 2-pixel line through pixels; a lone point is drawn as a dot."""
+    if len(pixels) == 1:
+        x, y = pixels[0]
+        draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colour)
+    elif pixels:
+        draw.line(pixels, fill=colour, width=2)
+
+
+# -----------------------------------------------------------------------------
+# the pictures
+
+def line_panels(panels, columns=3, panel_size=(360, 240), title=""):
+    """Panels of curves (e.g. loss against step), row by row, columns panels per row."""
+    image = canvas(grid_size(len(panels), columns, panel_size, title), title)
+    draw = ImageDraw.Draw(image)
+    for i, panel in enumerate(panels):
+        left, top = cell_origin(i, columns, panel_size, title)
+        draw_panel(draw, (left, top, left + panel_size[0], top + panel_size[1]), panel)
+    return image
+
+
+def draw_panel(draw, box, panel):
+    """One panel of line_panels in box: title, axes, dashed marks, one curve per series, legend."""
+    left, top, right, bottom = box
+    draw.text(((left + right) / 2, top + 4), panel.get("title", ""), fill=BLACK, font=FONT, anchor="mt")
+    area = (left + MARGINS[0], top + MARGINS[1], right - MARGINS[2], bottom - MARGINS[3])
+    log_y = panel.get("log_y", False)
+    series = panel.get("series", [])
+    curves = [points(s["x"], s["y"], log_y) for s in series]
+    marks = [(float(x), label) for x, label in panel.get("marks", []) if math.isfinite(x)]
+    pooled = np.concatenate([np.zeros((0, 2))] + curves)
+    x_range = padded_range(np.append(pooled[:, 0], [x for x, _ in marks]), pad=0)  # steps span the width
+    sx, sy = axes(draw, area, x_range, padded_range(pooled[:, 1]), log_y)
+    for x, label in marks:
+        for y in range(area[1], area[3], 6):  # dashes: 4 pixels drawn, 2 left out
+            draw.line([(sx(x), y), (sx(x), min(y + 3, area[3]))], fill=GREY)
+        draw.text((sx(x) + 3, area[1] + 2), label, fill=GREY, font=FONT)
+    colours = [PALETTE[i % len(PALETTE)] for i in range(len(curves))]
+    for curve, colour in zip(curves, colours):
+        polyline(draw, [(sx(x), sy(y)) for x, y in curve], colour)
+    if len(curves) > 1:
+        legend(draw, (area[2], area[1]), [(s["label"], c) for s, c in zip(series, colours)])
+
+
+def scatter(x, y, colour=None, marker=None, title="", x_label="", y_label="", note="", size=(420, 380),
+            equal_axes=False):
+    """Points of y against x, coloured by values in [0, 1] through ramp (with a colour bar), shaped by marker."""
+    image, draw, area = figure(size, title, x_label, y_label, right=14 if colour is None else 50)
+    n = min(len(x), len(y))  # columns of values: x, y and the colour value (0 when there is none)
+    values = np.column_stack([np.asarray(x, dtype=float)[:n], np.asarray(y, dtype=float)[:n],
+                              np.zeros(n) if colour is None else np.asarray(colour, dtype=float)[:n]])
+    shapes = ["circle"] * n if marker is None else list(marker)
+    # a seeded shuffle, so that no class is always drawn on top of the others
+    order = [i for i in np.random.default_rng(0).permutation(n) if np.isfinite(values[i]).all()]
+    x_range, y_range = padded_range(values[order, 0]), padded_range(values[order, 1])
+    if equal_axes:
+        x_range, y_range = equalise(x_range, y_range, area)
+    sx, sy = axes(draw, area, x_range, y_range)
+    for i in order:
+        fill = PALETTE[0] if colour is None else ramp(values[i, 2])
+        px, py = sx(values[i, 0]), sy(values[i, 1])
+        if shapes[i] == "triangle":
+            draw.polygon([(px, py - 4), (px - 4, py + 3), (px + 4, py + 3)], fill=fill)
+        else:
+            draw.ellipse((px - 3, py - 3, px + 3, py + 3), fill=fill)
+    if colour is not None:
+        colour_bar(draw, area[2] + 12, area[1], area[3])
+    draw.text((area[0] + 4, area[1] + 3), note, fill=BLACK, font=FONT)
+    return image
+
+
+def equalise(x_range, y_range, area):
+    """Widen the narrower range so that one data unit spans as many pixels across as up."""
+    width, height = area[2] - area[0], area[3] - area[1]
+    unit = max((x_range[1] - x_range[0]) / width, (y_range[1] - y_range[0]) / height)
+    cx, cy = sum(x_range) / 2, sum(y_range) / 2
+    return (cx - unit * width / 2, cx + unit * width / 2), (cy - unit * height / 2, cy + unit * height / 2)
+
+
+def colour_bar(draw, left, top, bottom):
+    """A vertical strip of ramp from percentile 0 (bottom) to 100 (top), labelled at both ends."""
+    for y in range(top, bottom + 1):
+        draw.line([(left, y), (left + 10, y)], fill=ramp((bottom - y) / (bottom - top)))
+    draw.text((left + 13, top), "100", fill=BLACK, font=FONT, anchor="lm")
+    draw.text((left + 13, bottom), "0", fill=BLACK, font=FONT, anchor="lm")
+
+
+def histogram(groups, bins=40, value_range=None, title="", x_label="", size=(420, 300)):
+    """Outlined density histograms of groups over shared bins; the legend gives each group's mean."""
+    image, draw, area = figure(size, title, x_label, "density")
+    values = [finite(g["values"]) for g in groups]
+    pooled = np.concatenate([np.zeros(0)] + values)
+    low, high = padded_range(pooled if value_range is None else value_range, pad=0)
+    edges = np.linspace(low, high, bins + 1)
+    # counts over group size and bin width: a density, so groups of different sizes compare
+    densities = [np.histogram(v, edges)[0] / (max(len(v), 1) * (edges[1] - edges[0])) for v in values]
+    peak = max([d.max() for d in densities], default=0.0) * 1.1 or 1.0
+    sx, sy = axes(draw, area, (low, high), (0.0, peak))
+    colours = [PALETTE[i % len(PALETTE)] for i in range(len(groups))]
+    for d, colour in zip(densities, colours):
+        # the outline walks the bin edges: up to each bar's height, across it, on to the next
+        outline = zip(np.repeat(edges, 2), np.concatenate([[0.0], np.repeat(d, 2), [0.0]]))
+        polyline(draw, [(sx(a), sy(b)) for a, b in outline], colour)
+    labels = [f"{g['label']} mean {compact(v.mean())}" if len(v) else f"{g['label']} (empty)"
+              for g, v in zip(groups, values)]
+    legend(draw, (area[2], area[1]), list(zip(labels, colours)))
+    return image
+
+
+def cell_size(thumb, text_width):
+    """(width, height) of a retrieval_sheet cell: a thumbnail beside a header line and MAX_LINES of text."""
+    return 3 * PAD + thumb + text_width, 2 * PAD + max(thumb, LINE_HEIGHT * (MAX_LINES + 1))
+
+
+def sheet_size(num_rows, k, thumb=96, text_width=220, title=""):
+    """(width, height) of retrieval_sheet for num_rows queries with k results each."""
+    return grid_size(num_rows * (k + 1), k + 1, cell_size(thumb, text_width), title)
+
+
+def retrieval_sheet(rows, thumb=96, text_width=220, title=""):
+    """One row per query: its cell, then its results in rank order; the gold framed green, a wrong #1 red."""
+    k = max([len(row["results"]) for row in rows], default=0)
+    size = cell_size(thumb, text_width)
+    image = canvas(sheet_size(len(rows), k, thumb, text_width, title), title)
+    for r, row in enumerate(rows):
+        results = row["results"]
+        found = any(result.get("gold") for result in results)
+        left, top = cell_origin(r * (k + 1), k + 1, size, title)
+        draw_cell(image, (left, top, left + size[0], top + size[1]), row["query"], thumb, "query", (GREY, 1),
+                  "" if found else f"gold not in top {len(results)}")
+        for rank, result in enumerate(results, 1):
+            frame = (GREEN, FRAME) if result.get("gold") else (RED, FRAME) if rank == 1 else (LIGHT, 1)
+            header = f"#{rank}  {float(result['score']):.2f}"
+            x = left + rank * size[0]
+            draw_cell(image, (x, top, x + size[0], top + size[1]), result, thumb, header, frame)
+    return image
+
+
+def draw_cell(image, box, item, thumb, header, frame, note=""):
+    """One retrieval_sheet cell in box: frame (colour, width), thumbnail, header, red note, wrapped text."""
+    left, top, right, bottom = box
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((left + 1, top + 1, right - 2, bottom - 2), outline=frame[0], width=frame[1])
+    if item.get("image") is not None:
+        picture = thumbnail(item["image"], thumb)
+        if picture is None:
+            draw.rectangle((left + PAD, top + PAD, left + PAD + thumb, top + PAD + thumb), fill=GREY)
+            draw.text((left + PAD + thumb / 2, top + PAD + thumb / 2), "unreadable", fill=WHITE, font=FONT,
+                      anchor="mm")
+        else:
+            offset = ((thumb - picture.width) // 2, (thumb - picture.height) // 2)  # centred in its square
+            image.paste(picture, (left + PAD + offset[0], top + PAD + offset[1]))
+    x, text_width = left + 2 * PAD + thumb, right - left - 3 * PAD - thumb
+    lines = [(header, BLACK)] + ([(note, RED)] if note else [])
+    lines += [(line, BLACK) for line in wrap(item.get("text", ""), text_width, MAX_LINES + 1 - len(lines))]
+    for i, (line, fill) in enumerate(lines):
+        draw.text((x, top + PAD + i * LINE_HEIGHT), line, fill=fill, font=FONT)
+
+
+def thumbnail(image, size):
+    """image (a path or a PIL image) scaled to fit size x size, aspect kept; None when it cannot be read."""
+    try:
+        if not isinstance(image, Image.Image):
+            with Image.open(image) as opened:
+                image = opened.convert("RGB")
+        return ImageOps.contain(image.convert("RGB"), (size, size))
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
+
+
+def wrap(text, width, max_lines):
+    """text in lines at most width pixels wide, at most max_lines; the last ends in '...' when text is cut."""
+    words, lines = str(text).split(), []
+    while words and len(lines) <= max_lines:
+        line = words.pop(0)
+        while words and FONT.getlength(f"{line} {words[0]}") <= width:
+            line += " " + words.pop(0)
+        cut = longest_fit(line, width)
+        if cut < len(line):  # a word wider than the cell is broken across lines
+            line, words = line[:cut], [line[cut:]] + words
+        lines.append(line)
+    if words or len(lines) > max_lines:
+        lines = lines[:max_lines]
+        while lines[-1] and FONT.getlength(lines[-1] + "...") > width:
+            lines[-1] = lines[-1][:-1]
+        lines[-1] += "..."
+    return lines
+
+
+def longest_fit(text, width):
+    """How many leading characters of text fit in width pixels (at least one), by bisection."""
+    low, high = 1, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if FONT.getlength(text[:middle]) <= width else (low, middle - 1)
+    return low
+
+
+def grid(images, columns, titles=None, title=""):
+    """images in equal cells (the largest image's size), columns per row, each under its title if titles."""
+    band = TITLE_HEIGHT if titles else 0
+    size = (max([im.width for im in images], default=1), max([im.height for im in images], default=1) + band)
+    sheet = canvas(grid_size(len(images), columns, size, title), title)
+    draw = ImageDraw.Draw(sheet)
+    for i, im in enumerate(images):
+        left, top = cell_origin(i, columns, size, title)
+        if titles:
+            draw.text((left + size[0] / 2, top + band / 2), titles[i], fill=BLACK, font=FONT, anchor="mm")
+        sheet.paste(im.convert("RGB"), (left + (size[0] - im.width) // 2, top + band))
+    return sheet
+
+
+def save(image, path):
+    """Write image to path as a PNG through a temporary file, so a crash never leaves half a picture."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    image.save(path + ".tmp.png", format="PNG")
+    os.replace(path + ".tmp.png", path)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# training curves from log.jsonl
+
+CURVES = [  # panel title, the log.jsonl keys it draws, log scale
+    ("loss (eq. 7)", ["loss"], False), ("positive's probability", ["pos_prob", "focal_confidence"], False),
+    ("focal weights a_i (eq. 5)", ["weight_min", "weight_max"], False),
+    ("embedding norms", ["query_norm", "candidate_norm"], False), ("cosine", ["pos_cos", "neg_cos"], False),
+    ("learning rate", ["lr"], True), ("gradient norm", ["grad_norm"], True)]
+
+
+def training_curves(log_paths, title=""):
+    """train.py's log.jsonl files -> the CURVES panels against step; each file continues the one before (Stage II
+    after Stage I), a dashed line where it begins. A line that is not JSON (a run still writing) is skipped."""
+    records, marks, offset = [], [], 0
+    for k, path in enumerate(log_paths):
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip().endswith("}")]
+        if k and lines:
+            marks.append((offset, os.path.basename(os.path.dirname(os.path.abspath(path)))))
+        records += [dict(r, step=r["step"] + offset) for r in lines]
+        offset = records[-1]["step"] if records else offset
+    steps = [r["step"] for r in records]
+    panels = [{"title": name, "log_y": log_y, "marks": marks,
+               "series": [{"label": key, "x": steps, "y": [r.get(key, math.nan) for r in records]} for key in keys]}
+              for name, keys, log_y in CURVES]
+    return line_panels(panels, columns=4, title=title or " + ".join(log_paths))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or any(not os.path.isfile(os.path.join(d, "log.jsonl")) for d in sys.argv[1:]):
+        sys.exit("usage: python plot.py OUT_DIR [OUT_DIR ...]   (each holding train.py's log.jsonl)")
+    path = save(training_curves([os.path.join(d, "log.jsonl") for d in sys.argv[1:]]),
+                os.path.join(sys.argv[-1], "curves.png"))
+    print(f"drew {path}")
