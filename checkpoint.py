@@ -40,6 +40,29 @@ def complete(out_dir):
     return sorted(p for p in paths if os.path.isfile(os.path.join(p, INFO)))
 
 
+def earlier_run(out_dir):
+    """What an earlier run left in out_dir that a fresh run must not mix with: its step folders and export/."""
+    export = os.path.join(out_dir, "export")
+    return complete(out_dir) + ([export] if os.path.isdir(export) else [])
+
+
+def remove(path):
+    """Delete a file or a folder, if it is there."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def remove_unfinished(out_dir):
+    """Delete what a run that stopped while writing left in out_dir (step_NNNNNN.tmp, export.tmp, *.tmp files):
+    a full disk stays full otherwise. -> the paths removed."""
+    stale = glob.glob(os.path.join(glob.escape(out_dir), "*.tmp"))
+    for path in stale:
+        remove(path)
+    return stale
+
+
 def read_info(path):
     """The pace.json of an export/ or step folder; {} for a plain release. ValueError naming a broken one."""
     info_path = os.path.join(path, INFO)

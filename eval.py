@@ -355,6 +355,61 @@ def which_datasets(log):
     return [n for n in names if n not in empty], empty
 
 
+def evaluate_all(embedder, ranking, names, rank, world_size, log):
+    """Every dataset of `names` -> (per-dataset results, (geometry samples of the evaluation data, of the training
+    rows), the instructions' counts)."""
+    query_instructions, generator = mmeb.Instructions(instructions), torch.Generator().manual_seed(seed)
+    geometry_size = math.ceil(geometry_samples / len(names)) if geometry else 0  # spread evenly over the datasets
+    per_dataset, samples = {}, []
+    for name in names:
+        rows = mmeb.read_mmeb_dataset(os.path.join(mmeb_dir, name), image_dir, skip_bad_rows, query_instructions,
+                                      allow_any_image_path)
+        result, embeddings, query_index, cand_index, scores = evaluate_dataset(
+            embedder, rows, ranking, batch_size, num_workers, rank, world_size, label=name)
+        meta_task, split = dataset_group(name)
+        per_dataset[name] = dict(result, meta_task=meta_task, split=split, skipped_rows=rows.skipped)
+        if geometry:
+            candidates = embeddings[cand_index[cand_index >= 0].unique()]  # (M, D), distinct candidates
+            samples.append(geometry_pairs(embeddings[query_index], embeddings[cand_index[:, 0]], candidates,
+                                          geometry_size, generator))
+        if sheet_queries and rank == 0:
+            per_dataset[name]["sheet_png"] = retrieval_sheet(name, rows, scores, os.path.splitext(out)[0])
+        low, high = result["candidates"]
+        log(f"{name}: P@1 {result['precision_at_1']:.1f} (argmax {result['precision_at_1_argmax']:.1f}) over "
+            f"{result['num_queries']} queries, {result['ties'] or 'no'} tied with the gold, "
+            f"{result['distinct_items']} distinct items (dedup {result['dedup_factor']:.1f}x), "
+            f"{result['items_per_second']:.1f} items/s" + (f"; WARNING: rows hold {low} to {high} candidates, "
+                                                             "not one count" if low != high else ""), flush=True)
+    train = [train_geometry(embedder, rank, world_size, generator)] if geometry and geometry_train_data else []
+    if query_instructions.counts:
+        log(f"instructions='{instructions}' on the queries: {query_instructions.summary()}")
+    return per_dataset, (samples, train), dict(query_instructions.counts, mode=instructions)
+
+
+def report(output, samples, info, config):
+    """Rank 0: the geometry pictures, the table, the JSON, the export's model card and W&B."""
+    stem = os.path.splitext(out)[0]
+    for key, sample, suffix in (("geometry", samples[0], ""), ("geometry_train", samples[1], "_train")):
+        if sample:
+            output[key], picture = geometry_summary(sample, geometry_samples, f"{init_from}{suffix}")
+            output[key]["png"] = plot.save(picture, f"{stem}_geometry{suffix}.png")
+            print(f"{key}: r {output[key]['norm_cos_pearson_r']}, random-pair cos "
+                  f"{output[key]['random_pair_mean_cos']:.3f}, drawn in {output[key]['png']}")
+    table = format_table(output["datasets"], output, output["argmax"], output["omitted"])
+    print(table)
+    write_json(output, out)
+    print(f"wrote {out}")
+    if info and checkpoint.add_evaluation(init_from, f"MMEB Precision@1 ({output['similarity']} similarity, "
+                                                     f"instructions '{instructions}'), eval.py:\n\n```\n{table}\n```"):
+        print(f"added the table to {os.path.join(init_from, 'README.md')}")
+    if wandb_log:
+        run_dir = os.path.dirname(os.path.abspath(init_from))
+        wandb = configurator.start_wandb(run_dir, True, wandb_project, os.path.basename(run_dir), config)
+        scores = {**output["meta_tasks"], "IND": output["IND"], "OOD": output["OOD"], "overall": output["overall"]}
+        wandb.log({f"eval/{k}": v for k, v in scores.items() if v is not None})
+        wandb.finish()
+
+
 def main(args=None):
     """Run the evaluation with config overrides `args` (default: the command line). -> the JSON dict"""
     config = configurator.configure(dict(DEFAULTS), sys.argv[1:] if args is None else args)
@@ -378,56 +433,11 @@ def main(args=None):
     if ranking not in ("cos", "dot"):
         raise ValueError(f"similarity must be 'cos' or 'dot', got {ranking!r}")
     names, omitted = which_datasets(log)
-    query_instructions, generator = mmeb.Instructions(instructions), torch.Generator().manual_seed(seed)
-    geometry_size = math.ceil(geometry_samples / len(names)) if geometry else 0  # spread evenly over the datasets
-    per_dataset, samples, stem = {}, [], os.path.splitext(out)[0]
-    for name in names:
-        rows = mmeb.read_mmeb_dataset(os.path.join(mmeb_dir, name), image_dir, skip_bad_rows, query_instructions,
-                                      allow_any_image_path)
-        result, embeddings, query_index, cand_index, scores = evaluate_dataset(
-            embedder, rows, ranking, batch_size, num_workers, rank, world_size, label=name)
-        meta_task, split = dataset_group(name)
-        per_dataset[name] = dict(result, meta_task=meta_task, split=split, skipped_rows=rows.skipped)
-        if geometry:
-            candidates = embeddings[cand_index[cand_index >= 0].unique()]  # (M, D), distinct candidates
-            samples.append(geometry_pairs(embeddings[query_index], embeddings[cand_index[:, 0]], candidates,
-                                          geometry_size, generator))
-        if sheet_queries and rank == 0:
-            per_dataset[name]["sheet_png"] = retrieval_sheet(name, rows, scores, stem)
-        low, high = result["candidates"]
-        log(f"{name}: P@1 {result['precision_at_1']:.1f} (argmax {result['precision_at_1_argmax']:.1f}) over "
-            f"{result['num_queries']} queries, {result['ties'] or 'no'} tied with the gold, "
-            f"{result['distinct_items']} distinct items (dedup {result['dedup_factor']:.1f}x), "
-            f"{result['items_per_second']:.1f} items/s" + (f"; WARNING: rows hold {low} to {high} candidates, "
-                                                             "not one count" if low != high else ""), flush=True)
-    train_sample = train_geometry(embedder, rank, world_size, generator) if geometry and geometry_train_data else None
-    summary, argmax_summary = aggregate(per_dataset), aggregate(per_dataset, "precision_at_1_argmax")
-    output = {"datasets": per_dataset, **summary, "argmax": argmax_summary, "omitted": omitted,
-              "similarity": ranking, "instructions": dict(query_instructions.counts, mode=instructions),
-              "init_from": init_from, "config": config}
-    if query_instructions.counts:
-        log(f"instructions='{instructions}' on the queries: {query_instructions.summary()}")
+    per_dataset, samples, counts = evaluate_all(embedder, ranking, names, rank, world_size, log)
+    output = {"datasets": per_dataset, **aggregate(per_dataset), "argmax": aggregate(per_dataset, "precision_at_1_argmax"),
+              "omitted": omitted, "similarity": ranking, "instructions": counts, "init_from": init_from, "config": config}
     if rank == 0:
-        for key, sample, suffix in (("geometry", samples, ""), ("geometry_train", [train_sample] if train_sample else [],
-                                                                "_train")):
-            if sample:
-                output[key], picture = geometry_summary(sample, geometry_samples, f"{init_from}{suffix}")
-                output[key]["png"] = plot.save(picture, f"{stem}_geometry{suffix}.png")
-                log(f"{key}: r {output[key]['norm_cos_pearson_r']}, random-pair cos {output[key]['random_pair_mean_cos']:.3f}"
-                    f", drawn in {output[key]['png']}")
-        table = format_table(per_dataset, summary, argmax_summary, omitted)
-        print(table)
-        write_json(output, out)
-        print(f"wrote {out}")
-        if info and checkpoint.add_evaluation(init_from, f"MMEB Precision@1 ({ranking} similarity, instructions "
-                                                         f"'{instructions}'), eval.py:\n\n```\n{table}\n```"):
-            print(f"added the table to {os.path.join(init_from, 'README.md')}")
-        if wandb_log:
-            run_dir = os.path.dirname(os.path.abspath(init_from))
-            wandb = configurator.start_wandb(run_dir, True, wandb_project, os.path.basename(run_dir), config)
-            wandb.log({f"eval/{k}": v for k, v in {**summary["meta_tasks"], "IND": summary["IND"], "OOD": summary["OOD"],
-                                                    "overall": summary["overall"]}.items() if v is not None})
-            wandb.finish()
+        report(output, samples, info, config)
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -3,7 +3,7 @@ Hand-rolled LoRA for the language model of a Qwen3.5 embedder: inject, then merg
 
 PACE Stage I trains rank-32 LoRA on the language model with the vision tower and projector frozen;
 Stage II starts from the Stage I checkpoint with the LoRA merged and trains the full language model
-(PACE.md, Table 3). This file only edits a model in place:
+(paper, Table 3). This file only edits a model in place:
 
     names = inject_lora(embedder.model, rank=32, alpha=64)   # Stage I: only lora_A / lora_B train
     merge_lora(embedder.model)                               # Stage II: back to plain nn.Linear

@@ -19,7 +19,6 @@ Checkpoints (checkpoint.py) hold model, optimizer, data position, RNG, step and 
 --resume=True continues the newest intact one exactly. At the end out_dir/export/ gets the merged model as a
 Hugging Face folder with a model card, and out_dir/curves.png the training curves.
 """
-import glob
 import json
 import math
 import os
@@ -119,19 +118,18 @@ def barrier():
 
 # out_dir: never mix two runs, and clear what a crash left
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
-earlier = checkpoint.complete(out_dir) + ([export_dir] if os.path.isdir(export_dir) else [])
-if earlier and not (resume or export_only or overwrite):
+earlier, fresh = checkpoint.earlier_run(out_dir), not (resume or export_only)
+if earlier and fresh and not overwrite:
     raise FileExistsError(f"{out_dir} holds an earlier run ({', '.join(map(os.path.basename, earlier))}): continue it "
                           "with --resume=True, write elsewhere with --out_dir=..., or start over with --overwrite=True "
                           "(deletes them)")
 if master:
     os.makedirs(out_dir, exist_ok=True)
-    for stale in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp")):  # a run stopped while writing it
-        shutil.rmtree(stale) if os.path.isdir(stale) else os.remove(stale)
-        print(f"removed {stale}, left unfinished by a run that stopped while writing it")
-    if earlier and overwrite and not (resume or export_only):
+    for path in checkpoint.remove_unfinished(out_dir):
+        print(f"removed {path}, left unfinished by a run that stopped while writing it")
+    if earlier and fresh:  # overwrite=True
         for path in earlier + [log_path]:
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path) if os.path.exists(path) else None
+            checkpoint.remove(path)
         print(f"overwrite=True: deleted the earlier run's {', '.join(map(os.path.basename, earlier))}")
     configurator.print_config(config)
     configurator.save_config(config, os.path.join(out_dir, "config.json"))

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per test session (data/shapes/tiny_model.py)."""
+"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per pytest run (data/shapes/tiny_model.py)."""
 import os
 import sys
 
