@@ -1,40 +1,44 @@
 """
-bench.py: PACE's speed against the floor. One script, one table (in the spirit of nanoGPT's bench.py).
+bench/bench.py: PACE's speed against the floor. One script, one table (in the spirit of nanoGPT's bench.py).
 
-    python bench.py                                   # CPU: tiny Qwen3.5 + toy data, about a minute
-    python bench.py --sections=padding                # one section only (here: seconds)
-    python bench.py --shape=qwen3.5-0.8b              # GPU: random weights in the real shapes, the paper's batch
-    python bench.py --shape=qwen3.5-2b --out=bench/out/2b.json --compare=bench/out/2b_before.json
-    bash bench/gpu.sh                                 # both shapes on a GPU machine, tables to $OUT
+    python bench/bench.py                                  # CPU: tiny Qwen3.5 + toy data, about two minutes
+    python bench/bench.py --sections=padding               # one section only (here: seconds)
+    python bench/bench.py --fsdp=True                      # the step through FSDP2, as train.py runs on 8 GPUs
+    python bench/bench.py --shape=qwen3.5-0.8b             # GPU: random weights in the real shapes, the paper's batch
+    python bench/bench.py --shape=qwen3.5-2b --out=bench/out/2b.json --compare=bench/out/2b_before.json
+    bash bench/gpu.sh                                      # a GPU machine: both shapes, tables to $OUT
 
-Each timing figure is a ratio taken side by side in this run: round-robin, the median over `iters` rounds
-(after `warmup`) of the ratio within a round, so the machine's speed and its drift cancel out.
-1. step: the whole PACE step (embed queries and candidates, loss eqs. (3)-(7), backward, clipping, AdamW) over
-   its floor, the bare backbone's forward + backward of the very same chunks (one graph, as the plain step's
-   loss couples them; per chunk under GradCache), same trainable set, the pooled positions summed as the loss.
-   Stage I (LoRA, cos) and Stage II (full, dot), with and without GradCache. Goal <= 1.10. GradCache re-runs
-   every forward by design, so its own floor adds one no-grad forward of all chunks; the goal is on that ratio.
-2. padding: the share of computed positions that are padding, and the forward calls a batch, under
-   data.split_by_length's cut, length-sorted versus the batch's own order, on the toy data and on a synthetic
-   length mix shaped like MMEB. Goal <= 10 %. Sorting acts within a batch: which rows meet stays random.
-3. LoRA: forward + backward of the adapted model over the merged one (both backpropagate to the embeddings).
-4. data: items per second per DataLoader worker (JPEG decode, resize, patchify, tokenise, collate), and on GPU
-   the headroom of `num_workers` workers over the measured Stage I step.
-5. eval: Embedder.encode items/s and, on the toy set, eval.py's dedup factor (references / distinct items).
-On a real shape the step rows add tokens/s, MFU (useful FLOPs against the GPU's dense bf16 peak) and peak memory,
-and the header says which Gated DeltaNet kernels ran: flash-linear-attention's or transformers' fallback.
-
-The step is re-created from train.py's building blocks (Embedder, pace_loss, lora, AdamW); no file imports
-train.py; the step itself is loss.forward_backward, the very function train.py calls.
+The step timed is train.py's own code (train_functions compiles it from train.py's source). Each timing is a
+ratio taken side by side: round-robin, the median over `iters` rounds (after `warmup`) of the ratio within a
+round, so the machine's speed and its drift cancel out.
+1. step: the whole PACE step (embed, loss eqs. (3)-(7), backward, clipping, AdamW) over its floor, the
+   embedder's forward + backward of the same chunks with the sum of the embeddings as the loss (one graph, as
+   the plain step's loss couples them; per chunk under GradCache), same trainable set. Stage I (LoRA, cos) and
+   Stage II (full, dot), with and without GradCache. Goal <= 1.10; GradCache re-runs every forward by design,
+   so its own floor adds one no-grad forward of all chunks, and the goal is on that ratio.
+2. padding: the share of computed positions that are padding, and the forward calls a batch, under three cuts
+   of each side: ceil(n / max_items) near-equal chunks in the batch's order or length-sorted (the simple rule),
+   and data.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
+   (synthetic.py). Goal <= 10 %. Sorting acts within a batch: which rows meet stays random.
+3. cut: the plain step's time under the least-padding cut over the simple rule's, on the same MMEB-shaped rows
+   (at most 3 rounds after 1).
+4. LoRA: forward + backward of the adapted model over the merged one (both backpropagate to the embeddings).
+5. data: items/s per DataLoader worker (JPEG decode, resize, patchify, tokenise, collate); on GPU the headroom
+   of `num_workers` workers over the Stage I step.
+6. eval: Embedder.encode items/s and, on the toy set, eval.py's dedup factor (references / distinct items).
+On a GPU the step rows add tokens/s, MFU (model.Embedder.step_flops over configurator.peak_flops) and peak
+memory; the header says which Gated DeltaNet kernels run (configurator.kernel_report). --fsdp=True joins a
+one-rank process group (gloo on CPU, NCCL on CUDA), shards both stages' models with train.py's
+fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs; it measures step and cut.
 """
+import ast
 import copy
 import functools
-import importlib.util
-import inspect
 import json
 import math
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -42,22 +46,33 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
-import numpy as np
-import torch
-from PIL import Image
+# `python bench/bench.py` from anywhere: the repository root (the project's modules), data/shapes (the toy data)
+# and this folder (synthetic.py)
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(_here), os.path.join(os.path.dirname(_here), "data", "shapes"), _here]
 
-import data
-import lora
-from configurator import configure
-from loss import forward_backward, pace_loss
-from model import Embedder, Preprocessor, make_tiny_checkpoint, smart_resize
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import data  # noqa: E402
+import loss  # noqa: E402
+import lora  # noqa: E402
+import mmeb  # noqa: E402
+from configurator import compute_init, configure, kernel_report, peak_flops  # noqa: E402
+from model import Embedder, Preprocessor  # noqa: E402
+from prepare import prepare  # noqa: E402  (data/shapes/prepare.py: the toy benchmark)
+import synthetic  # noqa: E402  (its constants are not config keys)
+from synthetic import mix_item, mix_rows, random_embedder, side_item, side_tokens, write_jpegs  # noqa: E402
+from tiny_model import make_tiny_checkpoint  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # config (--key=value, as train.py)
-shape = "tiny"  # 'tiny' (model.make_tiny_checkpoint + the toy data) or 'qwen3.5-0.8b', 'qwen3.5-2b' (random weights)
+shape = "tiny"  # 'tiny' (the tiny checkpoint + the toy data) or 'qwen3.5-0.8b', 'qwen3.5-2b' (random weights)
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
-dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # autocast dtype; weights float32, as train.py on 1 GPU
+dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype; weights float32, as train.py
+fsdp = False  # shard with train.py's fully_shard_embedder in a one-rank process group: the 8-GPU code path
 batch_size = 0  # queries per step; 0 = 32 on a real shape (the paper's, per GPU), 8 on tiny
 num_hard_negatives = 5  # per query (paper)
 grad_cache_chunk = 8  # items per GradCache chunk
@@ -66,73 +81,101 @@ micro_batch = 32  # without GradCache: at most this many items a forward call (t
 activation_checkpointing = None  # recompute each decoder layer in backward (train.py's flag); None = on for real shapes
 lora_rank = 32  # Stage I LoRA rank (alpha = 2 * rank)
 max_pixels = 1605632  # image pixel budget (paper)
-num_workers = 8 if torch.cuda.is_available() else 0  # DataLoader workers per GPU (config/stage1.py): data headroom, eval, building items
+num_workers = 8 if torch.cuda.is_available() else 0  # DataLoader workers per GPU (config/stage1.py)
 threads = 1  # torch threads on a CPU run: one keeps timings steady; OpenMP barriers stall when cores are shared
 eval_items = 512  # items Embedder.encode is timed on (a seeded sample; the dedup factor counts them all)
 iters = 10  # timed rounds per figure (median)
 warmup = 2  # untimed rounds first
-sections = "step,padding,lora,data,eval"  # which figures to measure, comma-separated
+sections = "step,padding,cut,lora,data,eval"  # which figures to measure, comma-separated
 seed = 0  # seeds the synthetic data
 out = ""  # also write the results as JSON here (rewritten after every row: a run cut short keeps what it did)
 compare = ""  # a previous --out JSON: ratios more than 10 % worse than there are flagged REGRESSION
 config = configure(globals(), sys.argv[1:]) if __name__ == "__main__" else {}
+real_shape = shape != "tiny"  # the defaults that depend on the shape (0 or None above)
+batch_size = batch_size or (32 if real_shape else 8)
+grad_cache_batch = grad_cache_batch or (128 if real_shape else batch_size)
+activation_checkpointing = real_shape if activation_checkpointing is None else activation_checkpointing
 # -----------------------------------------------------------------------------
 
-# Qwen3.5-0.8B-Base and Qwen3.5-2B-Base as released (model type qwen3_5), read off public copies of the release
-# config.json files (third-party code and model cards; at least two agree on each value), not the files themselves.
-SHAPES = {
-    "qwen3.5-0.8b": dict(text=dict(hidden_size=1024, intermediate_size=3584), vision=dict(
-        depth=12, hidden_size=768, intermediate_size=3072, num_heads=12, out_hidden_size=1024)),
-    "qwen3.5-2b": dict(text=dict(hidden_size=2048, intermediate_size=6144), vision=dict(
-        depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048))}
-SHARED_TEXT = dict(  # both sizes: 24 layers, 3 Gated DeltaNet : 1 full attention, tied 248,320-token embedding
-    vocab_size=248320, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-    linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
-    linear_conv_kernel_dim=4, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 6,
-    max_position_embeddings=262144, tie_word_embeddings=True,
-    rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, mrope_section=[11, 11, 10],
-                         mrope_interleaved=True))
-SHARED_VISION = dict(patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304)
-MIN_PIXELS = 65536  # the Qwen3-VL / Qwen3.5 release image processors' shortest_edge
-PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}  # dense, per GPU
-
-# A synthetic length mix shaped like MMEB-train (PACE.md): per task family its share of rows, and for the query and
-# for every candidate (positive and negatives alike) a text length range in tokens and an image kind. 'full' images:
-# log-uniform areas from 224^2 to max_pixels (photos, charts, documents); 'crop' images (grounding candidates) from
-# 56^2 to 224^2, which the resize raises to MIN_PIXELS.
-MMEB_MIX = [  # (task family, share, (query tokens, query image), (candidate tokens, candidate image))
-    ("classification", 0.25, ((10, 30), "full"), ((1, 6), None)),  # ImageNet-1K, N24News, VOC2007, SUN397 ...
-    ("vqa", 0.25, ((15, 50), "full"), ((1, 10), None)),  # OK-VQA, DocVQA, ChartQA, InfographicsVQA ...
-    ("text to image", 0.15, ((15, 45), None), ((5, 8), "full")),  # MSCOCO_t2i, VisualNews_t2i, CIRR ...
-    ("image to text", 0.15, ((10, 15), "full"), ((10, 60), None)),  # MSCOCO_i2t, VisualNews_i2t
-    ("documents", 0.10, ((10, 40), None), ((150, 1500), None)),  # WebQA, VisDial-like long texts
-    ("grounding", 0.10, ((10, 20), "full"), ((8, 12), "crop")),  # MSCOCO grounding
-]
-results = {}  # section -> rows, as measured; "header" -> the run's config, machine and software
-TEMPLATE_TOKENS = 20  # the embedding prompt around the content (model.py), in Qwen's tokenizer
-WORDS = "the a red green blue small large image shows photo of on in at left right question answer caption".split()
+TRAIN_PY = os.path.join(os.path.dirname(_here), "train.py")
+STEP_FUNCTIONS = ["embed", "compute_loss", "forward_backward", "clip_gradients"]  # train.py's training step
+STAGES = [("Stage I (LoRA, cos)", dict(similarity="cos", temperature=0.1), 2e-5),  # name, loss, learning rate
+          ("Stage II (full, dot)", dict(similarity="dot", temperature=100.0), 2e-6)]
 
 
 # -----------------------------------------------------------------------------
-# timing; the training step, as train.py takes it on one process, and its floor; its FLOPs and kernels
+# train.py's code, bound to this script's objects
 
-def clock():
-    if device_.type == "cuda":
+def train_functions(names, namespace):
+    """Compile the top-level functions `names` of train.py from its source into `namespace` (a dict), which then
+    serves as their module globals: their free names (embedder, device, torch, ...) are looked up there when they
+    run, so the caller fills it with its own objects. No file may import train.py (that runs a training); this
+    is how bench and the tests run the very code that trains, line numbers and all. -> the functions, in order"""
+    tree = ast.parse(Path(TRAIN_PY).read_text(), TRAIN_PY)
+    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    missing = set(names) - {node.name for node in found}
+    if missing:
+        raise ValueError(f"train.py has no top-level function {', '.join(sorted(missing))}")
+    exec(compile(ast.Module(body=found, type_ignores=[]), TRAIN_PY, "exec"), namespace)
+    return [namespace[name] for name in names]
+
+
+def training_code(embedder, trainable, loss_args, grad_cache, distributed, device, autocast):
+    """train.py's step for this model, stage and mode: a namespace holding STEP_FUNCTIONS and the names of train.py's
+    module that they read, at the paper's focal settings and grad_clip 1.0."""
+    code = dict(torch=torch, loss=loss, embedder=embedder, trainable=trainable, device=device, autocast=autocast,
+                distributed=distributed, grad_cache_chunk=grad_cache_chunk if grad_cache else 0, grad_clip=1.0,
+                focal_gamma=2.0, focal_temperature=0.1, weighting="focal", **loss_args)
+    train_functions(STEP_FUNCTIONS, code)
+    return code
+
+
+def train_step(code, optimizer, batch):
+    """One optimizer step as train.py's loop takes it: forward_backward, clip_gradients, AdamW, zero_grad."""
+    stats = code["forward_backward"](batch)
+    grad_norm = code["clip_gradients"]()
+    if math.isfinite(stats["loss"]) and math.isfinite(grad_norm):  # train.py skips such an update too
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def floor_step(code, batch, one_graph):
+    """The floor: the embedder's forward and backward of the same chunks through train.py's embed, the sum of the
+    embeddings as the loss, gradients dropped after (as zero_grad does). one_graph: one backward over all chunks, as
+    the plain step must (its loss couples them); else one per chunk, as GradCache's second pass (under FSDP2
+    reducing gradients after the last chunk only, as there)."""
+    chunks = batch["query"] + batch["candidate"]
+    if one_graph:
+        sum(code["embed"](chunk).sum() for chunk in chunks).backward()
+    else:
+        for i, chunk in enumerate(chunks):
+            if code["distributed"]:
+                code["embedder"].set_requires_gradient_sync(i == len(chunks) - 1)
+            code["embed"](chunk).sum().backward()
+    for p in code["trainable"]:
+        p.grad = None
+
+
+# -----------------------------------------------------------------------------
+# timing and results
+
+def clock(device):
+    if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter()
 
 
-def side_by_side(functions, rounds=None, warm=None):
+def side_by_side(functions, device, rounds=None, warm=None):
     """{name: function} -> {name: [seconds in each timed round]} over `rounds` (iters) after `warm` (warmup):
     round-robin, so each round times the functions back to back and drift in the machine's speed hits all alike."""
     rounds, warm = rounds or iters, warmup if warm is None else warm
     times = {name: [] for name in functions}
     for i in range(warm + rounds):
         for name, function in functions.items():
-            start = clock()
+            start = clock(device)
             function()
             if i >= warm:
-                times[name].append(clock() - start)
+                times[name].append(clock(device) - start)
     return times
 
 
@@ -141,232 +184,115 @@ def paired_ratio(numerators, denominators):
     return statistics.median(a / b for a, b in zip(numerators, denominators))
 
 
-def encode(embedder, chunk):
-    chunk = {k: v.to(device_, non_blocking=True) if v is not None else None for k, v in chunk.items()}
-    with autocast:
-        return embedder(**chunk)
+def batch_tokens(batch):
+    """A collated batch -> (its chunks, real tokens, the share of computed positions that is padding)."""
+    chunks = batch["query"] + batch["candidate"]
+    real = sum(int(c["attention_mask"].sum()) for c in chunks)
+    return chunks, real, 1 - real / sum(c["attention_mask"].numel() for c in chunks)
 
 
-def train_step(embedder, optimizer, trainable, batch, loss_args, grad_cache):
-    """One optimizer step as train.py's loop takes it: forward_backward, clip to 1.0, AdamW, zero_grad."""
-    stats = forward_backward(functools.partial(encode, embedder), batch,
-                             lambda q, c, targets: pace_loss(q, c, targets.to(device_), **loss_args), grad_cache)
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, 1.0).item()
-    if math.isfinite(stats["loss"]) and math.isfinite(grad_norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+class Results:
+    """The run's rows by section, plus "header"; rewritten to `path` after every row, so a run cut short keeps
+    what it did. A row whose ratio is more than 10 % worse than in `before` (an earlier run's JSON) says so."""
+
+    def __init__(self, path="", before=""):
+        self.path, self.data = path, {}
+        self.before = json.loads(Path(before).read_text()) if before else {}
+
+    def add(self, section, row, line, ratio=None):
+        earlier = [r for r in self.before.get(section, []) if r.get("name") == row["name"]]
+        if ratio and earlier and earlier[0].get(ratio) and row[ratio] > 1.10 * earlier[0][ratio]:
+            line += f"  REGRESSION (was {earlier[0][ratio]:.3f})"
+        self.data.setdefault(section, []).append(row)
+        print(line, flush=True)
+        self.write()
+
+    def write(self):
+        if self.path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            Path(self.path + ".tmp").write_text(json.dumps(self.data, indent=2))
+            os.replace(self.path + ".tmp", self.path)
 
 
-def floor_step(embedder, batch, trainable, one_graph):
-    """The floor: the bare backbone's forward and backward of the same chunks, the pooled hidden states summed
-    as the loss, gradients dropped after (as zero_grad does). With one_graph, one backward over all chunks, as
-    the plain step must (its loss couples them); else one per chunk, as GradCache's second pass."""
-    total = 0.0
-    for chunk in batch["query"] + batch["candidate"]:  # already on the device
-        if chunk["pixel_values"] is not None:  # the worker's uint8 patches -> the backbone's float input
-            chunk = {**chunk, "pixel_values": embedder.preprocessor.model_pixels(chunk["pixel_values"])}
-        with autocast:
-            hidden = embedder.model(**chunk, use_cache=False).last_hidden_state  # (B, L, D)
-        last = chunk["attention_mask"].sum(dim=1) - 1  # (B,)
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float().sum()
-        if one_graph:
-            total = total + pooled
-        else:
-            pooled.backward()
-    if one_graph:
-        total.backward()
-    for p in trainable:
-        p.grad = None
+def attempt(results, section, name, measure, *args):
+    """Run one measurement; a GPU out-of-memory error becomes its row and the next measurement still runs."""
+    try:
+        return measure(results, *args)
+    except torch.cuda.OutOfMemoryError as error:
+        message = "out of memory: " + str(error).splitlines()[0][:120]
+    torch.cuda.empty_cache()  # outside the except block, so the failed measurement's tensors are released first
+    results.add(section, {"name": name, "error": message}, f"  {name:<32} {message}")
 
 
-def step_flops(embedder, batch, full_finetune):
-    """Useful FLOPs of one step on `batch` (no recomputation, no padding): language-model matmuls at 2N per token
-    forward and 4N (full) or 2N (LoRA: activation gradients only) backward, N without the token embedding (a lookup);
-    causal attention scores of the full-attention layers (forward 2 T^2 d, backward twice that); the frozen vision
-    tower's forward. The Gated DeltaNet state updates (a few % at these sizes) are not counted."""
-    text, vision = embedder.model.config.text_config, embedder.model.config.vision_config
-    language = sum(p.numel() for n, p in embedder.model.language_model.named_parameters()
-                   if p.dim() >= 2 and "embed_tokens" not in n)
-    tower = {n: p.numel() for n, p in embedder.model.visual.named_parameters() if p.dim() >= 2 and "pos_embed" not in n}
-    per_patch = sum(v for n, v in tower.items() if "merger" not in n)
-    per_patch += sum(v for n, v in tower.items() if "merger" in n) / vision.spatial_merge_size ** 2
-    attention_width = text.num_attention_heads * text.head_dim
-    full_layers = sum(kind == "full_attention" for kind in text.layer_types)
-    flops = 0.0
-    for chunk in batch["query"] + batch["candidate"]:
-        lengths = chunk["attention_mask"].sum(dim=1).double()  # (B,)
-        flops += (6 if full_finetune else 4) * language * lengths.sum().item()
-        flops += 6 * full_layers * attention_width * (lengths ** 2).sum().item()
-        if chunk["image_grid_thw"] is not None:
-            patches = chunk["image_grid_thw"].prod(dim=1).double()  # (images,)
-            flops += 2 * per_patch * patches.sum().item()
-            flops += 4 * vision.depth * vision.hidden_size * (patches ** 2).sum().item()
-    return flops
-
-
-def linear_attention_path():
-    """Which kernels transformers bound for the Gated DeltaNet layers and the causal conv1d when it was imported:
-    flash-linear-attention's (causal_conv1d's) or its reference PyTorch fallback."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
-    paths = {}
-    for function, package in (("torch_chunk_gated_delta_rule", "fla"), ("causal_conv1d_fn", "causal_conv1d")):
-        bound = inspect.getclosurevars(getattr(qwen, function)).nonlocals  # use_kernel_func_from_hub_with_fallback's
-        implementation = bound.get("implementation")
-        paths[function] = (f"{implementation.__module__}.{implementation.__name__}"
-                           if bound.get("is_new_implementation") else "reference PyTorch (fallback)" if implementation
-                           else f"{package} {'importable' if importlib.util.find_spec(package) else 'not installed'}")
-    return paths
+def header(device):
+    """The config, the machine, the software, the commit and the Gated DeltaNet kernels."""
+    import transformers
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if os.path.exists("/proc/cpuinfo") else []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "CPU")
+    machine = (f"{torch.cuda.get_device_name(device)}, 1 GPU" if device.type == "cuda"
+               else f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)")
+    commit = subprocess.run("git describe --always --dirty=+uncommitted", shell=True, capture_output=True, text=True,
+                            cwd=_here).stdout.strip()  # no git: empty
+    return {**{key: globals()[key] for key in config}, "machine": machine, "date": time.strftime("%Y-%m-%d"),
+            "commit": os.environ.get("BENCH_COMMIT") or commit or "unknown", "torch": torch.__version__,
+            "transformers": transformers.__version__, "kernels": kernel_report(device)}
 
 
 # -----------------------------------------------------------------------------
-# data: the synthetic MMEB-shaped mix, JPEGs
-
-def mix_rows(rng, num_rows, num_negatives):
-    """Rows of MMEB_MIX: {"task", "query", "candidates": [positive, negatives]}; a side is
-    (text tokens, (height, width) or None)."""
-    areas = {"full": (224 * 224, max_pixels), "crop": (56 * 56, 224 * 224)}
-    log_uniform = lambda low, high: math.exp(rng.uniform(math.log(low), math.log(high)))  # noqa: E731
-
-    def side(spec):
-        (low, high), image = spec
-        size = None
-        if image:
-            area, aspect = log_uniform(*areas[image]), log_uniform(0.5, 2.0)
-            size = (max(16, round(math.sqrt(area * aspect))), max(16, round(math.sqrt(area / aspect))))
-        return min(high, int(log_uniform(low, high + 1))), size
-
-    def row(task, share, query, candidate):  # the candidates are drawn first, then the query
-        return {"task": task, "candidates": [side(candidate) for _ in range(1 + num_negatives)], "query": side(query)}
-
-    return [row(*rng.choices(MMEB_MIX, weights=[mix[1] for mix in MMEB_MIX])[0]) for _ in range(num_rows)]
-
-
-def side_tokens(side):
-    """Sequence length of a synthetic side: template, text, and the image's merged patches between
-    <|vision_start|> and <|vision_end|> (Qwen's smart_resize, factor 32)."""
-    text_tokens, size = side
-    if size is None:
-        return TEMPLATE_TOKENS + text_tokens
-    height, width = smart_resize(size[0], size[1], 32, MIN_PIXELS, max_pixels)
-    return TEMPLATE_TOKENS + text_tokens + height * width // 32**2 + 2
-
+# batches: the two cuts
 
 def padded_size(lengths, chunks):
     """Positions the model computes for these chunks: each chunk is as long as its longest item."""
     return sum(max(lengths[i] for i in chunk) * len(chunk) for chunk in chunks)
 
 
-def side_item(rng, side, jpegs=()):
-    """A synthetic side as an Embedder item: words (about a token each in the tiny tokenizer) and, if it has one,
-    an image: one of the JPEG files `jpegs`, else a plain in-memory image of its size."""
-    text_tokens, size = side
-    image = (rng.choice(jpegs) if jpegs else Image.new("RGB", (size[1], size[0]),
-                                                       tuple(rng.randrange(256) for _ in range(3)))) if size else None
-    return {"text": " ".join(rng.choice(WORDS) for _ in range(max(1, text_tokens))), "image": image}
+def equal_chunks(lengths, max_items, sort=True):
+    """The simple rule: ceil(n / max_items) chunks of near-equal size (one chunk with max_items None), of the
+    items sorted longest first, or in the batch's own order. -> list of index lists, as data.split_by_length"""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: -lengths[i]) if sort else list(range(n))
+    count = -(-n // max_items) if max_items else 1
+    bounds = [-(-k * n // count) for k in range(count + 1)]  # ceil(k n / count): sizes differ by one at most
+    return [order[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def mix_item(rows, preprocessor, i):
-    """Synthetic row i as a TrainDataset item (model inputs)."""
-    rng, row = random.Random(f"{seed}/{i}"), rows[i]
-    feature = lambda side: preprocessor(**side_item(rng, side))  # noqa: E731
-    return {"query": feature(row["query"]), "candidates": [feature(c) for c in row["candidates"]], "row": i}
+CUTS = {"batch order": functools.partial(equal_chunks, sort=False), "sorted, equal chunks": equal_chunks,
+        "least padding": data.split_by_length}  # name -> cut(lengths, max_items)
 
 
-def write_jpegs(folder, rng, count):
-    """JPEGs of a few hundred pixels a side (256 to 768): smooth colour fields with noise, quality 90."""
-    os.makedirs(folder, exist_ok=True)
-    for k in range(count):
-        height, width = rng.randint(256, 768), rng.randint(256, 768)
-        generator = np.random.default_rng(k)
-        field = Image.fromarray(generator.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((width, height),
-                                                                                                Image.BICUBIC)
-        pixels = np.asarray(field, dtype=np.float32) + generator.normal(0, 12, (height, width, 3))
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(os.path.join(folder, f"{k:03d}.jpg"), quality=90)
-    return [os.path.join(folder, f"{k:03d}.jpg") for k in range(count)]
+def collate(preprocessor, items, max_items, cut=data.split_by_length):
+    """data.collate_train's batch of these items (CPU tensors, as train.py's DataLoader gives them), with `cut` in
+    place of data.split_by_length while it runs: the same collation, only the cut differs."""
+    with mock.patch.object(data, "split_by_length", cut):
+        return data.collate_train(preprocessor, max_items)(items)
 
 
-def random_embedder(spec, preprocessor):
-    """A randomly initialised Qwen3_5Model in a real shape, built directly on the device (float32 master weights),
-    with the tiny checkpoint's tokenizer: its token ids are valid rows of the 248,320-row embedding."""
-    from transformers import Qwen3_5Config, Qwen3_5Model
-    token = preprocessor.tokenizer.convert_tokens_to_ids
-    config = Qwen3_5Config(text_config=dict(SHARED_TEXT, **spec["text"]),
-                           vision_config=dict(SHARED_VISION, **spec["vision"]),
-                           image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
-                           vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"),
-                           tie_word_embeddings=True)
-    with torch.device(device_):
-        model = Qwen3_5Model._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    return Embedder(model, preprocessor)
-
-
-def collate_to_device(preprocessor, items, max_items):
-    """data.collate_train's batch, as train.py's DataLoader gives it, moved to the device once."""
-    batch = data.collate_train(preprocessor, max_items=max_items)(items)
-    move = lambda chunk: {k: v.to(device_) if v is not None else None for k, v in chunk.items()}  # noqa: E731
-    return dict(batch, query=[move(c) for c in batch["query"]], candidate=[move(c) for c in batch["candidate"]])
-
-
-def report(section, row, line, ratio=None):
-    """Print a result and add its row to results[section], rewriting `out`. With ratio (a key of row), the line
-    says REGRESSION when that ratio is more than 10 % worse than in the --compare run."""
-    previous = json.loads(Path(compare).read_text()).get(section) or [] if compare and ratio else []
-    before = [r for r in ([previous] if isinstance(previous, dict) else previous) if r.get("name") == row.get("name")]
-    if before and before[0].get(ratio) and row[ratio] > 1.10 * before[0][ratio]:
-        line += f"  REGRESSION (was {before[0][ratio]:.3f})"
-    results.setdefault(section, []).append(row)
-    print(line, flush=True)
-    if out:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        Path(out + ".tmp").write_text(json.dumps(results, indent=2))
-        os.replace(out + ".tmp", out)
-
-
-def header():
-    """The config, the machine, the software and the commit."""
-    import transformers
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if os.path.exists("/proc/cpuinfo") else []
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "CPU")
-    machine = (f"{torch.cuda.get_device_name()}, 1 GPU" if device_.type == "cuda"
-               else f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)")
-    commit = subprocess.run("git describe --always --dirty=+uncommitted", shell=True, capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()  # no git: empty
-    return {**{key: globals()[key] for key in config}, "machine": machine, "date": time.strftime("%Y-%m-%d"),
-            "commit": os.environ.get("BENCH_COMMIT") or commit or "unknown", "torch": torch.__version__,
-            "transformers": transformers.__version__, "gated_deltanet": linear_attention_path()}
-
-
-def attempt(section, name, measure, *args):
-    """Run one measurement; a GPU out-of-memory error becomes its row and the next measurement still runs."""
-    try:
-        return measure(*args)
-    except torch.cuda.OutOfMemoryError as error:
-        message = "out of memory: " + str(error).splitlines()[0][:120]
-    torch.cuda.empty_cache()  # outside the except block, so the failed measurement's tensors are released first
-    report(section, {"name": name, "error": message}, f"  {name:<32} {message}")
+def mix_items(preprocessor, count):
+    """`count` rows of the MMEB-shaped mix as TrainDataset items, made in num_workers DataLoader workers."""
+    rows = mix_rows(random.Random(seed), count, num_hard_negatives, max_pixels)
+    return list(torch.utils.data.DataLoader(range(count), batch_size=None, num_workers=num_workers,
+                                            collate_fn=functools.partial(mix_item, rows, preprocessor, seed)))
 
 
 # -----------------------------------------------------------------------------
 # the measurements
 
-def measure_step(name, embedder, optimizer, trainable, batch, loss_args, grad_cache, full_finetune):
+def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetune):
     """Section 1, one row: a step (plain or GradCache) against its floor."""
+    device, (chunks, real, padding) = code["device"], batch_tokens(batch)
     optimizer.zero_grad(set_to_none=True)  # a row before that ran out of memory may have left gradients
-    chunks = batch["query"] + batch["candidate"]
-    real = sum(int(c["attention_mask"].sum()) for c in chunks)
-    functions = {"step": lambda: train_step(embedder, optimizer, trainable, batch, loss_args, grad_cache),
-                 "floor": lambda: floor_step(embedder, batch, trainable, one_graph=not grad_cache)}
+    functions = {"step": lambda: train_step(code, optimizer, batch),
+                 "floor": lambda: floor_step(code, batch, one_graph=not grad_cache)}
     if grad_cache:  # GradCache's first pass, which its own floor adds: every chunk embedded without a graph
-        functions["no_grad_forward"] = torch.no_grad()(lambda: [encode(embedder, chunk) for chunk in chunks])
-    if device_.type == "cuda":
+        functions["no_grad_forward"] = torch.no_grad()(lambda: [code["embed"](chunk) for chunk in chunks])
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    long_step = grad_cache and device_.type == "cuda" and grad_cache_batch > batch_size  # fewer rounds
-    times = side_by_side(functions, *((min(iters, 2), min(warmup, 1)) if long_step else ()))
+    long_step = grad_cache and device.type == "cuda" and grad_cache_batch > batch_size  # fewer rounds
+    times = side_by_side(functions, device, *((min(iters, 2), min(warmup, 1)) if long_step else ()))
     seconds = {key: statistics.median(values) for key, values in times.items()}
     row = {"name": name, "queries": len(batch["targets"]), "chunks": len(chunks), "real_tokens": real,
-           "padding": 1 - real / sum(c["attention_mask"].numel() for c in chunks), "step_s": seconds["step"],
-           "floor_s": seconds["floor"], "ratio": paired_ratio(times["step"], times["floor"]),
-           "tokens_per_s": real / seconds["step"]}
+           "padding": padding, "step_s": seconds["step"], "floor_s": seconds["floor"],
+           "ratio": paired_ratio(times["step"], times["floor"]), "tokens_per_s": real / seconds["step"]}
     line = (f"  {name:<32} {row['queries']:>4} q {len(chunks):>4} chunks | step {seconds['step'] * 1e3:8.1f} ms | "
             f"floor {seconds['floor'] * 1e3:8.1f} ms | ratio {row['ratio']:.3f}")
     key = "ratio_own_floor" if grad_cache else "ratio"
@@ -375,17 +301,17 @@ def measure_step(name, embedder, optimizer, trainable, batch, loss_args, grad_ca
         row.update(no_grad_forward_s=seconds["no_grad_forward"], ratio_own_floor=paired_ratio(times["step"], own_floor))
         line += f" | own floor {row['ratio_own_floor']:.3f}"
     line += (" (over goal)" if row[key] > 1.10 else "") + f" | {row['tokens_per_s']:,.0f} tok/s"
-    if device_.type == "cuda":
-        peak = next((p for gpu, p in PEAK_BF16.items() if gpu in torch.cuda.get_device_name()), None)
+    if device.type == "cuda":
+        peak = peak_flops(device)
         row.update(peak_memory_gb=torch.cuda.max_memory_allocated() / 2**30,
-                   mfu=step_flops(embedder, batch, full_finetune) / seconds["step"] / peak if peak else None)
+                   mfu=code["embedder"].step_flops(chunks, full_finetune) / seconds["step"] / peak if peak else None)
         line += f" | MFU {format(row['mfu'], '.1%') if peak else '-'} | peak {row['peak_memory_gb']:.1f} GB"
-    report("step", row, line, key)
+    results.add("step", row, line, key)
 
 
-def measure_padding(toy_dataset):
-    """Section 2: padding share and forward calls a batch under each cut, sorted versus the batch's own order.
-    Positions are counted from the lengths, as data.collate_train pads: each chunk to its longest item."""
+def measure_padding(results, toy_dataset):
+    """Section 2: padding share and forward calls a batch under each cut. Positions are counted from the lengths,
+    as data.collate_train pads: each chunk to its longest item."""
     def sides(rows, length):  # queries; then positives and negatives, in collate_train's order
         return [[length(r["query"]) for r in rows],
                 [length(r["candidates"][0]) for r in rows] + [length(c) for r in rows for c in r["candidates"][1:]]]
@@ -395,59 +321,73 @@ def measure_padding(toy_dataset):
         sampler = iter(data.ShardedBatchSampler(len(toy_dataset), 32, seed=seed))
         data_sets["toy"] = [sides([toy_dataset[i] for i in next(sampler)], lambda f: len(f["input_ids"]))
                             for _ in range(10)]
-    mix = mix_rows(random.Random(seed), 100 * 32, num_hard_negatives)
-    data_sets["mix"] = [sides(mix[i:i + 32], side_tokens) for i in range(0, len(mix), 32)]
+    mix = mix_rows(random.Random(seed), 100 * 32, num_hard_negatives, max_pixels)
+    mix_length = functools.partial(side_tokens, max_pixels=max_pixels)
+    data_sets["mix"] = [sides(mix[i:i + 32], mix_length) for i in range(0, len(mix), 32)]
     tokens_per_row = sum(map(sum, sum(data_sets["mix"], []))) / len(mix)
-    print(f"2. padding: share of computed positions (each side chunked apart, as data.collate_train) and forward calls "
-          f"a batch, over batches of 32 rows: {len(data_sets.get('toy', []))} toy, 100 MMEB-shaped ("
-          f"{tokens_per_row:,.0f} real tokens a row); goal <= 10 % sorted", flush=True)
-    for label, max_items in [("one chunk per side", None), (f"micro_batch {micro_batch} items", micro_batch),
-                             (f"GradCache {grad_cache_chunk} items", grad_cache_chunk)]:
-        row, parts = {"name": label}, []
-        for key, batches in data_sets.items():
-            lengths = sum(batches, [])  # every side of every batch
-            for sort, order in ((True, "sorted"), (False, "batch_order")):
-                chunks = [data.split_by_length(side, max_items, sort) for side in lengths]
-                row[f"{key}_{order}"] = 1 - sum(map(sum, lengths)) / sum(map(padded_size, lengths, chunks))
-                row[f"{key}_calls_{order}"] = sum(map(len, chunks)) / len(batches)
-            parts.append(f"{'toy' if key == 'toy' else 'MMEB-shaped mix'} {row[f'{key}_sorted']:6.1%} sorted, "
-                         f"{row[f'{key}_batch_order']:6.1%} batch order, {row[f'{key}_calls_sorted']:4.1f} calls")
-        report("padding", row, f"  {label:<22} " + " | ".join(parts))
+    print(f"2. padding: share of computed positions (each side cut apart, as data.collate_train) and forward calls a "
+          f"batch, over batches of 32 rows: {len(data_sets.get('toy', []))} toy, 100 MMEB-shaped ({tokens_per_row:,.0f}"
+          f" real tokens a row); goal <= 10 % with the cut train.py uses", flush=True)
+    for label, max_items in [("one chunk per side", None), (f"micro_batch {micro_batch}", micro_batch),
+                             (f"GradCache {grad_cache_chunk}", grad_cache_chunk)]:
+        for cut, split in CUTS.items() if max_items else [("", data.split_by_length)]:
+            row, parts = {"name": f"{label}, {cut}" if cut else label}, []
+            for key, batches in data_sets.items():
+                lengths = sum(batches, [])  # every side of every batch
+                chunks = [split(side, max_items) for side in lengths]
+                row[key] = 1 - sum(map(sum, lengths)) / sum(map(padded_size, lengths, chunks))
+                row[f"{key}_calls"] = sum(map(len, chunks)) / len(batches)
+                parts.append(f"{'toy' if key == 'toy' else 'MMEB-shaped mix'} {row[key]:6.1%}, "
+                             f"{row[f'{key}_calls']:4.1f} calls")
+            results.add("padding", row, f"  {row['name']:<36} " + " | ".join(parts))
 
 
-def measure_lora(adapted, merged, batch):
-    """Section 3: the adapted model's forward + backward over the merged model's, on the same chunks."""
-    hooks = [m.model.language_model.embed_tokens.register_forward_hook(lambda _, __, output: output.requires_grad_())
-             for m in (adapted, merged)]  # both models backpropagate down to the input embeddings
-    merged.requires_grad_(False)
-    adapted.train()  # activation checkpointing, where on, acts in training mode only
-    merged.train()
-    adapters = [p for p in adapted.parameters() if p.requires_grad]
+def measure_cut(results, name, code, optimizer, items, preprocessor):
+    """Section 3, one row: the plain step on the same rows under the least-padding cut and the simple rule, over
+    at most 3 rounds after 1 (its steps are long)."""
+    batches = {cut: collate(preprocessor, items, micro_batch, CUTS[cut]) for cut in ("sorted, equal chunks",
+                                                                                     "least padding")}
+    times = side_by_side({cut: functools.partial(train_step, code, optimizer, batch) for cut, batch in batches.items()},
+                         code["device"], min(iters, 3), min(warmup, 1))
+    row = {"name": name, "ratio": paired_ratio(times["least padding"], times["sorted, equal chunks"])}
+    for cut, batch in batches.items():
+        chunks, _, padding = batch_tokens(batch)
+        row[cut] = {"step_s": statistics.median(times[cut]), "calls": len(chunks), "padding": padding}
+    parts = [f"{cut} {row[cut]['step_s'] * 1e3:7.1f} ms ({row[cut]['calls']} calls, {row[cut]['padding']:.1%} padding)"
+             for cut in batches]
+    results.add("cut", row, f"  {name:<22} " + " | ".join(parts) + f" | least padding / equal {row['ratio']:.3f}")
+
+
+def measure_lora(results, adapted, merged, batch):
+    """Section 4: the floor of section 1 on the same chunks, adapted model over merged (frozen) model; both
+    backpropagate down to the input embeddings."""
+    hooks = [code["embedder"].model.language_model.embed_tokens.register_forward_hook(
+        lambda module, inputs, output: output.requires_grad_()) for code in (adapted, merged)]
     try:
-        times = side_by_side({"adapted": lambda: floor_step(adapted, batch, adapters, one_graph=True),
-                              "merged": lambda: floor_step(merged, batch, [], one_graph=True)})
+        times = side_by_side({"adapted": lambda: floor_step(adapted, batch, one_graph=True),
+                              "merged": lambda: floor_step(merged, batch, one_graph=True)}, adapted["device"])
     finally:
         for hook in hooks:
             hook.remove()
     row = {"name": "lora", "rank": lora_rank, "adapted_s": statistics.median(times["adapted"]),
            "merged_s": statistics.median(times["merged"]), "ratio": paired_ratio(times["adapted"], times["merged"])}
-    report("lora", row, f"  rank {lora_rank}: adapted {row['adapted_s'] * 1e3:.1f} ms | merged "
-                        f"{row['merged_s'] * 1e3:.1f} ms | ratio {row['ratio']:.3f}", "ratio")
+    results.add("lora", row, f"  rank {lora_rank}: adapted {row['adapted_s'] * 1e3:.1f} ms | merged "
+                             f"{row['merged_s'] * 1e3:.1f} ms | ratio {row['ratio']:.3f}", "ratio")
 
 
-def measure_data(preprocessor, folder, step_seconds):
-    """Section 4: one worker's items per second on MMEB-shaped rows whose images are JPEG files on disk."""
+def measure_data(results, preprocessor, folder, step_seconds):
+    """Section 5: one worker's items per second on MMEB-shaped rows whose images are JPEG files on disk."""
     rng = random.Random(seed)
     jpegs = write_jpegs(folder, rng, 48)
-    rows = mix_rows(rng, 4 * batch_size, num_hard_negatives)
+    rows = mix_rows(rng, 4 * batch_size, num_hard_negatives, max_pixels)
     dataset = data.TrainDataset([{"query": side_item(rng, r["query"], jpegs),
                                   "candidates": [side_item(rng, c, jpegs) for c in r["candidates"]]}
                                  for r in rows], preprocessor)  # rows as load_train_rows gives them
-    collate = data.collate_train(preprocessor, max_items=micro_batch)  # as train.py's DataLoader without GradCache
-    collate([dataset[i] for i in range(batch_size)])  # warm-up: imports, tokenizer caches
+    collate_fn = data.collate_train(preprocessor, max_items=micro_batch)  # as train.py's DataLoader without GradCache
+    collate_fn([dataset[i] for i in range(batch_size)])  # warm-up: imports, tokenizer caches
     start = time.perf_counter()
     for k in range(4):
-        collate([dataset[i] for i in range(k * batch_size, (k + 1) * batch_size)])
+        collate_fn([dataset[i] for i in range(k * batch_size, (k + 1) * batch_size)])
     items_per_s = 4 * batch_size * (2 + num_hard_negatives) / (time.perf_counter() - start)
     paper_items = 32 * (2 + num_hard_negatives)  # the paper's 32 queries a GPU
     row = {"name": "data", "items_per_s_per_worker": items_per_s, "worker_s_per_paper_batch": paper_items / items_per_s,
@@ -457,115 +397,155 @@ def measure_data(preprocessor, folder, step_seconds):
     if step_seconds and num_workers:  # the Stage I step's items against what the workers supply in its time
         row["headroom"] = num_workers * items_per_s * step_seconds / (batch_size * (2 + num_hard_negatives))
         line += f"; {num_workers} workers supply {row['headroom']:.1f}x what the Stage I step consumes"
-    report("data", row, line)
+    results.add("data", row, line)
 
 
-def measure_eval(embedder, toy):
-    """Section 5: Embedder.encode items/s: on the toy set, with eval.py's dedup factor; else on MMEB-shaped items."""
+def measure_eval(results, embedder, toy, device):
+    """Section 6: Embedder.encode items/s: on the toy set, with eval.py's dedup factor; else on MMEB-shaped items."""
     row, rng = {"name": "eval"}, random.Random(seed + 1)
     if not toy:
-        rows = mix_rows(rng, eval_items // (2 + num_hard_negatives), num_hard_negatives)
+        rows = mix_rows(rng, eval_items // (2 + num_hard_negatives), num_hard_negatives, max_pixels)
         items = [side_item(rng, side) for r in rows for side in [r["query"]] + r["candidates"]]
     else:  # the distinct (text, image) items of each dataset, counted as eval.distinct_items counts them
         items, references = [], 0
-        for name in data.find_mmeb_datasets(toy["eval"]):
-            rows = data.read_mmeb_dataset(os.path.join(toy["eval"], name), toy["images"])
+        for name in mmeb.find_mmeb_datasets(toy["eval"])[0]:
+            rows = mmeb.read_mmeb_dataset(os.path.join(toy["eval"], name), toy["images"])
             distinct = {(s["text"] or "", s["image"]): s for r in rows for s in [r["query"]] + r["candidates"]}
             items += list(distinct.values())
             references += sum(1 + len(r["candidates"]) for r in rows)
         row["dedup_factor"] = references / len(items)
         items = random.Random(seed).sample(items, min(eval_items, len(items)))
-    start = clock()
+    start = clock(device)
     embedder.encode(items, batch_size=16, num_workers=num_workers)
-    row.update(items=len(items), items_per_s=len(items) / (clock() - start))
+    row.update(items=len(items), items_per_s=len(items) / (clock(device) - start))
     dedup = f" | dedup factor {row['dedup_factor']:.2f} (references / distinct items)" if toy else ""
-    report("eval", row, f"  {row['items_per_s']:,.1f} items/s over {len(items)} items (batch 16, {num_workers} "
-                        f"workers){dedup}")
+    results.add("eval", row, f"  {row['items_per_s']:,.1f} items/s over {len(items)} items (batch 16, {num_workers} "
+                             f"workers){dedup}")
+
+
+# -----------------------------------------------------------------------------
+# the model, its two stages, the process group
+
+def init_device():
+    """The device, from configurator.compute_init as train.py takes it. --fsdp=True outside torchrun first sets the
+    environment of a one-rank torchrun job on a free local port, so that it joins a process group (NCCL on CUDA,
+    gloo on CPU)."""
+    if fsdp and "RANK" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    return compute_init(device)[3]
+
+
+def load(folder, checkpoint, mix_preprocessor, device):
+    """The model and enough training items for either batch: the tiny checkpoint and the toy data, or a random
+    real shape and the MMEB-shaped mix. -> (embedder on the device, the items' preprocessor, items, the toy's
+    paths or None, the toy TrainDataset or None)"""
+    count = max(batch_size, grad_cache_batch)
+    if real_shape:
+        embedder = random_embedder(shape, mix_preprocessor, device)
+        return embedder, mix_preprocessor, mix_items(mix_preprocessor, count), None, None
+    toy = prepare(os.path.join(folder, "shapes"), seed=seed, num_train=400)  # 10 batches of 32 for the padding
+    embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)  # config/shapes_stage1.py
+    rows = data.load_train_rows(toy["train"], toy["images"], num_hard_negatives, seed=seed)
+    dataset = data.TrainDataset(rows, embedder.preprocessor)
+    return embedder.to(device), embedder.preprocessor, [dataset[i] for i in range(count)], toy, dataset
+
+
+def stage_models(embedder):
+    """Stage I: LoRA adapters on the language model, the only trainable parameters; Stage II: a copy with the
+    adapters merged in and the whole language model trainable. Both in training mode. -> (Stage I, Stage II)"""
+    if activation_checkpointing:
+        embedder.enable_activation_checkpointing()
+    lora.inject_lora(embedder.model, lora_rank, 2 * lora_rank)
+    merged = copy.deepcopy(embedder)
+    lora.merge_lora(merged.model)
+    merged.requires_grad_(False)
+    merged.model.language_model.requires_grad_(True)  # the vision tower stays frozen
+    return embedder.train(), merged.train()
+
+
+def shard(embedder, ptdtype):
+    """FSDP2 exactly as train.py shards: its own fully_shard_embedder, bound to this model."""
+    fully_shard_embedder, = train_functions(["fully_shard_embedder"], dict(
+        torch=torch, embedder=embedder, language_model=embedder.model.language_model, ptdtype=ptdtype))
+    fully_shard_embedder()
 
 
 def main():
-    """Build the model and the batches, then measure the wanted sections in order."""
-    global device_, autocast, batch_size, grad_cache_batch, activation_checkpointing
-    device_ = torch.device(device)
+    """Build the model, its two stages and the batches, then measure the wanted sections in order."""
+    if real_shape and shape not in synthetic.SHAPES:
+        raise ValueError(f"shape must be 'tiny' or one of {sorted(synthetic.SHAPES)}, got {shape!r}")
+    device_ = init_device()
     if device_.type == "cpu" and threads:
         torch.set_num_threads(threads)
-    ptdtype = getattr(torch, dtype)  # 'float32', 'bfloat16' or 'float16'
-    autocast = torch.autocast(device_.type, dtype=ptdtype) if ptdtype != torch.float32 else nullcontext()
-    real_shape = shape != "tiny"
-    if real_shape and shape not in SHAPES:
-        raise ValueError(f"shape must be 'tiny' or one of {sorted(SHAPES)}, got {shape!r}")
-    batch_size = batch_size or (32 if real_shape else 8)
-    grad_cache_batch = grad_cache_batch or (128 if real_shape else batch_size)
-    activation_checkpointing = real_shape if activation_checkpointing is None else activation_checkpointing
+    ptdtype = getattr(torch, dtype)  # 'float32' or 'bfloat16'; under FSDP2 its MixedPrecisionPolicy casts instead
+    autocast = torch.autocast(device_.type, dtype=ptdtype) if ptdtype != torch.float32 and not fsdp else nullcontext()
+    wanted = set(sections.split(",")) & {"step", "cut"} if fsdp else set(sections.split(","))
     temporary = tempfile.TemporaryDirectory(prefix="pace_bench_", ignore_cleanup_errors=True)  # removed at exit
-    wanted, folder = set(sections.split(",")), temporary.name
     torch.manual_seed(seed)
-    checkpoint = make_tiny_checkpoint(os.path.join(folder, "tiny"), seed=seed)
-    info = results["header"] = header()
-    print(f"PACE bench | {shape} | {info['machine']} | {device} {dtype} | torch {info['torch']} | "
-          f"transformers {info['transformers']} | commit {info['commit']} | {info['date']}")
-    print("Gated DeltaNet kernels: " + " | ".join(f"{k}: {v}" for k, v in info["gated_deltanet"].items()), flush=True)
-
-    # the model and this device's batches: the toy data on tiny, the MMEB-shaped mix on a real shape
-    toy, toy_dataset = None, None
-    if real_shape:
-        preprocessor = Preprocessor.from_pretrained(checkpoint, min_pixels=MIN_PIXELS, max_pixels=max_pixels)
-        rows = mix_rows(random.Random(seed), max(batch_size, grad_cache_batch), num_hard_negatives)
-        items = list(torch.utils.data.DataLoader(range(len(rows)), batch_size=None, num_workers=num_workers,
-                                                 collate_fn=functools.partial(mix_item, rows, preprocessor)))
-        embedder = random_embedder(SHAPES[shape], preprocessor)
-    else:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "shapes"))
-        from prepare import prepare
-        toy = prepare(os.path.join(folder, "shapes"), seed=seed, num_train=400)  # 10 batches of 32 for the padding
-        embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)  # config/shapes_stage1.py
-        preprocessor = embedder.preprocessor
-        toy_dataset = data.TrainDataset(data.load_train_rows(toy["train"], toy["images"], num_hard_negatives,
-                                                             seed=seed), preprocessor)
-        items = [toy_dataset[i] for i in range(max(batch_size, grad_cache_batch))]
-    embedder.to(device_)
-    batches = {False: collate_to_device(preprocessor, items[:batch_size], micro_batch),  # without GradCache
-               True: collate_to_device(preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # and with it
-    if activation_checkpointing:
-        embedder.model.language_model.activation_checkpointing_enable({"use_reentrant": False})
-    lora.inject_lora(embedder.model, lora_rank, 2 * lora_rank)  # Stage I: only the adapters train
-    merged = copy.deepcopy(embedder)
-    lora.merge_lora(merged.model)  # Stage II: the adapters folded in, then the whole language model trains
-    merged.requires_grad_(False)
-    merged.model.language_model.requires_grad_(True)
+    checkpoint = make_tiny_checkpoint(os.path.join(temporary.name, "tiny"), seed=seed)
+    mix_preprocessor = Preprocessor.from_pretrained(checkpoint, min_pixels=synthetic.MIN_PIXELS, max_pixels=max_pixels)
+    results = Results(out, compare)
+    info = results.data["header"] = header(device_)
+    print(f"PACE bench | {shape} | {info['machine']} | {device_} {dtype} | torch {info['torch']} | "
+          f"transformers {info['transformers']} | commit {info['commit']} | {info['date']}\n{info['kernels']}")
+    embedder, preprocessor, items, toy, toy_dataset = load(temporary.name, checkpoint, mix_preprocessor, device_)
+    models = stage_models(embedder)
+    if fsdp:
+        from torch.distributed.tensor import DTensor
+        for model in models:
+            shard(model, ptdtype)
+        info["sharding"] = {"backend": dist.get_backend(), "world_size": dist.get_world_size(),
+                        "dtensor_parameters": all(isinstance(p, DTensor) for m in models for p in m.parameters())}
+        print(f"FSDP2 (train.py's fully_shard_embedder): {info['sharding']}; sections step and cut only", flush=True)
+        results.write()
+    adamw_options, = train_functions(["adamw_options"], {})
+    stages = []  # (name, model, optimizer, {grad_cache: train.py's step code})
+    for (name, loss_args, learning_rate), model in zip(STAGES, models):
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=0.0,
+                                      **adamw_options(torch.__version__, device_.type, fsdp))
+        stages.append((name, model, optimizer, {grad_cache: training_code(model, trainable, loss_args, grad_cache,
+                                                                           fsdp, device_, autocast)
+                                                for grad_cache in (False, True)}))
+    batches = {False: collate(preprocessor, items[:batch_size], micro_batch),  # without GradCache
+               True: collate(preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # and with it
 
     if "step" in wanted:
-        print(f"1. training step / floor (the bare backbone's forward + backward of the same chunks); median of "
-              f"{iters} rounds after {warmup}; goal <= 1.10 (GradCache: against its own floor)", flush=True)
-        for stage, model, loss_args, learning_rate in [
-                ("Stage I (LoRA, cos)", embedder, dict(similarity="cos", temperature=0.1), 2e-5),
-                ("Stage II (full, dot)", merged, dict(similarity="dot", temperature=100.0), 2e-6)]:
-            trainable = [p for p in model.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(trainable, lr=learning_rate, betas=(0.9, 0.999), weight_decay=0.0,
-                                          fused=device_.type == "cuda")  # as train.py's, at its weight decay 0
-            model.train()
+        print(f"1. training step / floor (the embedder's forward + backward of the same chunks); median of {iters} "
+              f"rounds after {warmup}; goal <= 1.10 (GradCache: against its own floor)", flush=True)
+        for name, model, optimizer, code in stages:
             for grad_cache in (False, True):
-                name = stage + (" + GradCache" if grad_cache else "")
-                attempt("step", name, measure_step, name, model, optimizer, trainable,
-                        batches[grad_cache], dict(loss_args, focal_gamma=2.0, focal_temperature=0.1), grad_cache,
-                        model is merged)  # Stage II fine-tunes the whole language model
+                row = name + (" + GradCache" if grad_cache else "")
+                attempt(results, "step", row, measure_step, row, code[grad_cache], optimizer, batches[grad_cache],
+                        grad_cache, model is models[1])  # Stage II fine-tunes the whole language model
             optimizer.zero_grad(set_to_none=True)  # what a last row that ran out of memory left
     if "padding" in wanted:
-        measure_padding(toy_dataset)
+        measure_padding(results, toy_dataset)
+    if "cut" in wanted:
+        rows = items[:batch_size] if real_shape else mix_items(mix_preprocessor, batch_size)
+        print(f"3. cut: the plain step on {batch_size} MMEB-shaped rows, micro_batch {micro_batch}: the least-padding "
+              f"cut (data.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
+        for name, model, optimizer, code in stages:
+            attempt(results, "cut", name, measure_cut, name, code[False], optimizer, rows, mix_preprocessor)
+    merged = models[1].requires_grad_(False)  # from here on Stage II's model is frozen
     if "lora" in wanted:
-        print("3. LoRA: adapted / merged, forward + backward of the same chunks", flush=True)
-        attempt("lora", "lora", measure_lora, embedder, merged, batches[False])
-    del embedder, batches
+        print("4. LoRA: adapted / merged, forward + backward of the same chunks", flush=True)
+        frozen = training_code(merged, [], STAGES[1][1], False, fsdp, device_, autocast)
+        attempt(results, "lora", "lora", measure_lora, stages[0][3][False], frozen, batches[False])
     if "data" in wanted:
-        print("4. data loading: TrainDataset + collate_train in one process, as one DataLoader worker", flush=True)
-        stage1 = [r for r in results.get("step", []) if r["name"] == "Stage I (LoRA, cos)" and "step_s" in r]
-        measure_data(Preprocessor.from_pretrained(checkpoint, min_pixels=MIN_PIXELS, max_pixels=max_pixels),
-                     os.path.join(folder, "jpegs"), stage1[0]["step_s"] if stage1 and real_shape else None)
+        print("5. data loading: TrainDataset + collate_train in one process, as one DataLoader worker", flush=True)
+        stage1 = [r for r in results.data.get("step", []) if r["name"] == STAGES[0][0] and "step_s" in r]
+        measure_data(results, mix_preprocessor, os.path.join(temporary.name, "jpegs"),
+                     stage1[0]["step_s"] if stage1 and real_shape else None)
     if "eval" in wanted:
-        print("5. evaluation: Embedder.encode", flush=True)
-        merged.requires_grad_(False)
-        merged.to(ptdtype)  # eval.py loads the model in its compute dtype
-        attempt("eval", "eval", measure_eval, merged, toy)
+        print("6. evaluation: Embedder.encode", flush=True)
+        attempt(results, "eval", "eval", measure_eval, merged.to(ptdtype), toy, device_)  # eval.py's compute dtype
+    if fsdp:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

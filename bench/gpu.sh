@@ -1,64 +1,74 @@
 #!/usr/bin/env bash
-# bench/gpu.sh: bench.py's GPU half in one shot on a fresh H100 / H200 machine, about 8 minutes in all.
+# bench/gpu.sh: bench.py's GPU half in one go on a fresh H100 / H200 machine, at most 8 minutes in all.
 #
-#   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/gpu.sh     # from the repository root
+#   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/gpu.sh               # from the repository root
+#   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/gpu.sh --fallback    # 0.8B only, no fla: at most 4 minutes
 #
-# Writes environment.txt, then qwen3.5-0.8b.{txt,json} and qwen3.5-2b.{txt,json} into $OUT (bench/out/ when
-# $OUT is unset). Each shape runs under its own time limit; bench.py rewrites its JSON after every row, so a
-# shape cut short still leaves the rows it finished. Nothing is fetched from a registry: the machine's own
-# python3 (with torch, triton, transformers) runs it. Wheels placed beforehand in bench/out/wheels/, e.g.
+# Writes 7 files into $OUT (bench/out when unset): environment.txt (GPU, driver, /dev/shm, software, the fla
+# check), then <run>.txt and <run>.json for qwen3.5-0.8b, qwen3.5-0.8b-fsdp (train.py's 8-GPU code path, FSDP2,
+# on one rank) and qwen3.5-2b. Each run has its own time limit (`timeout`) and bench.py rewrites its JSON after
+# every row, so a run cut short keeps the rows it finished. Nothing is fetched: the machine's python3 (torch,
+# triton, einops, transformers) runs it, with the wheels found in bench/out/wheels installed offline into
+# /tmp/pace_wheels and put on PYTHONPATH. Fetch them beforehand where there is network (requirements-gpu.txt):
 #
-#   pip download --no-deps -d bench/out/wheels transformers==5.24.0 flash-linear-attention fla-core
+#   python3 -m pip download --no-deps --only-binary=:all: -d bench/out/wheels -r requirements-gpu.txt
 #
-# (and carried to the machine with that folder), are installed into /tmp/pace_wheels first; flash-linear-
-# attention stays only if one of its kernels runs here. The table's "Gated DeltaNet kernels" line says whether
-# its kernels or transformers' PyTorch fallback ran.
+# fla (flash-linear-attention's Gated DeltaNet kernels) stays only if bench/fla_check.py finds its forward and
+# backward equal to transformers' PyTorch reference at Qwen3.5's head shape; else it is removed and transformers'
+# fallback runs. The tables' kernels line says which ran. --fallback skips the wheels (transformers' PyTorch
+# kernels, nothing to compile) and runs 0.8B alone with fewer rounds: for a machine where the full run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
-mkdir -p "$OUT"
+SITE=/tmp/pace_wheels
 PY=$(command -v python3 || command -v python)
+FALLBACK=$([ "${1:-}" = "--fallback" ] && echo 1 || echo 0)
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
 
-FLA_CHECK='
-import torch
-from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-q, k, v = (torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-g, beta = -torch.rand(1, 128, 4, device="cuda"), torch.rand(1, 128, 4, device="cuda", dtype=torch.bfloat16)
-out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
-assert torch.isfinite(out).all()
-print("flash-linear-attention: chunk_gated_delta_rule runs here")
-'
-ENVIRONMENT='
-import importlib.util, sys
-import torch, transformers
-print(f"python {sys.version.split()[0]} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
-      f"transformers {transformers.__version__} from {transformers.__file__}")
-print("importable:", {m: importlib.util.find_spec(m) is not None
-                      for m in ("fla", "causal_conv1d", "flash_attn", "triton", "kernels")})
-'
-
-{
+machine() {
   date -u +"%Y-%m-%d %H:%M UTC"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-  if ls bench/out/wheels/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install --quiet --no-deps --no-index --target /tmp/pace_wheels bench/out/wheels/*.whl
-    if [ -d /tmp/pace_wheels/fla ] && ! PYTHONPATH=/tmp/pace_wheels "$PY" -c "$FLA_CHECK" 2>&1 | tail -2; then
-      echo "flash-linear-attention failed here: removed, transformers' PyTorch fallback will run"
-      rm -rf /tmp/pace_wheels/fla /tmp/pace_wheels/fla_core-* /tmp/pace_wheels/flash_linear_attention-*
-    fi
-  fi
-} 2>&1 | tee "$OUT/environment.txt"
-[ -d /tmp/pace_wheels ] && export PYTHONPATH=/tmp/pace_wheels${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c "$ENVIRONMENT" 2>&1 | tee -a "$OUT/environment.txt"
+  df -h /dev/shm  # DataLoader workers hand their batches over through it
+}
 
-shape() {  # name, time limit in seconds, extra bench.py flags
-  timeout "$2" "$PY" bench.py --shape="$1" --out="$OUT/$1.json" "${@:3}" 2>&1 \
+install_wheels() {  # into $SITE, afresh; then fla is checked, and removed if it fails the check
+  rm -rf "$SITE"
+  "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" bench/out/wheels/*.whl
+  if [ -d "$SITE/fla" ] && ! PYTHONPATH=$SITE timeout 100 "$PY" bench/fla_check.py 2>&1 | tail -3; then
+    echo "fla: the check failed or disagreed (above): removed, transformers' PyTorch fallback runs"
+    rm -rf "$SITE"/fla "$SITE"/fla_core-*
+  fi
+}
+
+machine 2>&1 | tee "$OUT/environment.txt"
+if [ "$FALLBACK" = 0 ] && ls bench/out/wheels/*.whl >/dev/null 2>&1; then
+  install_wheels 2>&1 | tee -a "$OUT/environment.txt"
+fi
+[ "$FALLBACK" = 0 ] && [ -d "$SITE" ] && export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c 'import importlib.util as u, sys, torch, transformers
+print(f"python {sys.version.split()[0]} | torch {torch.__version__} (CUDA {torch.version.cuda}) | transformers",
+      transformers.__version__, "| importable:", {m: u.find_spec(m) is not None for m in ("fla", "causal_conv1d")})' \
+  2>&1 | tee -a "$OUT/environment.txt"
+# 8 DataLoader workers (config/stage1.py) where /dev/shm has room for their batches, else loading in-process
+SHM_MB=$(df -m --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
+WORKERS=$([ "${SHM_MB:-0}" -ge 4096 ] 2>/dev/null && echo 8 || echo 0)
+echo "/dev/shm: ${SHM_MB:-?} MB free -> --num_workers=$WORKERS" | tee -a "$OUT/environment.txt"
+
+run() {  # name, time limit in seconds, bench.py flags
+  timeout "$2" "$PY" bench/bench.py --out="$OUT/$1.json" --num_workers="$WORKERS" "${@:3}" 2>&1 \
     | grep --line-buffered -v -e "Warning" -e "warnings.warn" | tee "$OUT/$1.txt"
   echo "exit status ${PIPESTATUS[0]} (124: cut at $2 s)" | tee -a "$OUT/$1.txt"
 }
 
-# The paper's batch (32 queries, 5 hard negatives per GPU) and GradCache at one GPU's share of the global 1,024
-# on 8 GPUs (128 queries); the 2B shape takes fewer rounds and a smaller GradCache batch to fit the time.
-shape qwen3.5-0.8b 200 --iters=3 --warmup=1
-shape qwen3.5-2b 250 --iters=2 --warmup=1 --grad_cache_batch=64
+# The paper's batch (32 queries, 5 hard negatives a GPU) and GradCache at one GPU's share of the global 1,024 on
+# 8 GPUs (128 queries); the FSDP2 run and 2B take fewer rounds and a GradCache batch of 64 to fit the time.
+if [ "$FALLBACK" = 1 ]; then
+  run qwen3.5-0.8b 140 --shape=qwen3.5-0.8b --sections=step,cut --iters=2 --warmup=1 --grad_cache_batch=64
+  run qwen3.5-0.8b-fsdp 70 --shape=qwen3.5-0.8b --fsdp=True --sections=step --iters=2 --warmup=1 --grad_cache_batch=32
+else
+  run qwen3.5-0.8b 170 --shape=qwen3.5-0.8b --sections=step,cut,lora,data,eval --iters=3 --warmup=1
+  run qwen3.5-0.8b-fsdp 80 --shape=qwen3.5-0.8b --fsdp=True --sections=step --iters=2 --warmup=1 --grad_cache_batch=64
+  run qwen3.5-2b 120 --shape=qwen3.5-2b --sections=step,lora --iters=2 --warmup=1 --grad_cache_batch=64
+fi

@@ -1,69 +1,107 @@
-"""bench.py: its FLOP count and padding arithmetic, the padding goal on the MMEB-shaped mix, and its CPU mode end to
-end with tiny sizes (a subprocess)."""
+"""bench/bench.py: train_functions runs train.py's own code, the padding arithmetic and its goal on the MMEB-shaped
+mix, the FLOP count it reports, its CPU mode and its one-rank FSDP2 mode end to end (subprocesses, tiny sizes),
+and bench/fla_check.py's comparison on a CPU."""
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
-import bench
 import lora
+from bench import bench, fla_check, synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--iters=1", "--warmup=0", "--batch_size=4", "--num_hard_negatives=1", "--grad_cache_chunk=2"]
+
+
+def run_bench(tmp_path, *args):
+    """python bench/bench.py with tiny sizes in a subprocess, from the repository root. -> its JSON results"""
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    result = subprocess.run([sys.executable, "bench/bench.py", *TINY, *args, f"--out={out}"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(out.read_text()), result.stdout
+
+
+def test_train_functions_compiles_train_py_own_forward_backward():
+    forward_backward, adamw_options = bench.train_functions(["forward_backward", "adamw_options"], {})
+    assert forward_backward.__code__.co_filename == os.path.join(ROOT, "train.py")
+    assert adamw_options("2.11.0", "cpu", False) == {"foreach": True}
+    with pytest.raises(ValueError, match="no top-level function"):
+        bench.train_functions(["not_in_train_py"], {})
 
 
 def test_a_224_pixel_image_is_raised_to_the_release_minimum():
     # 224 x 224 = 50,176 pixels < 65,536: smart_resize raises it to 256 x 256 = 8 x 8 merged patches
-    assert bench.side_tokens((5, (224, 224))) == bench.TEMPLATE_TOKENS + 5 + 64 + 2
-    assert bench.side_tokens((5, None)) == bench.TEMPLATE_TOKENS + 5
+    assert synthetic.side_tokens((5, (224, 224)), 1605632) == synthetic.TEMPLATE_TOKENS + 5 + 64 + 2
+    assert synthetic.side_tokens((5, None), 1605632) == synthetic.TEMPLATE_TOKENS + 5
     assert bench.padded_size([10, 3, 7], [[0, 2], [1]]) == 2 * 10 + 3
+    assert bench.equal_chunks([1, 5, 3, 4, 2], 2) == [[1, 3], [2, 4], [0]]  # ceil(5 / 2) chunks, longest first
 
 
-def test_padding_goal_on_the_mmeb_shaped_mix(monkeypatch):
-    monkeypatch.setattr(bench, "results", {})
-    bench.measure_padding(None)  # the mix only: 100 batches of 32 rows, as `python bench.py --sections=padding`
-    rows = {row["name"]: row for row in bench.results["padding"]}
-    one, micro, grad_cache = rows["one chunk per side"], rows["micro_batch 32 items"], rows["GradCache 8 items"]
-    assert one["mix_sorted"] == pytest.approx(one["mix_batch_order"]) and one["mix_calls_sorted"] == 2
-    assert micro["mix_sorted"] <= 0.10 < micro["mix_batch_order"]  # issue 6's goal, met by grouping lengths
-    assert micro["mix_calls_sorted"] == 6 + 14  # ceil(sqrt(32)) query and ceil(sqrt(192)) candidate calls
-    assert grad_cache["mix_calls_sorted"] == 6 + 24  # at least 192 / 8 candidate chunks of at most 8 items
-    assert micro["mix_sorted"] < grad_cache["mix_sorted"] < 0.207  # the greedy 8-item cut's padding before
+def test_padding_goal_on_the_mmeb_shaped_mix():
+    results = bench.Results()
+    bench.measure_padding(results, None)  # the mix only: 100 batches of 32 rows, as --sections=padding
+    rows = {row["name"]: row for row in results.data["padding"]}
+    least, equal = rows["micro_batch 32, least padding"], rows["micro_batch 32, sorted, equal chunks"]
+    assert rows["one chunk per side"]["mix_calls"] == 2
+    assert least["mix"] <= 0.10 < equal["mix"] < rows["micro_batch 32, batch order"]["mix"]  # the goal, met by the cut
+    assert least["mix_calls"] == 6 + 14 and equal["mix_calls"] == 1 + 6  # ceil(sqrt(n)) vs ceil(n / 32), n = 32, 192
+    assert rows["GradCache 8, least padding"]["mix_calls"] == 6 + 24  # at least 192 / 8 candidate chunks
+    assert least["mix"] < rows["GradCache 8, least padding"]["mix"] < rows["GradCache 8, sorted, equal chunks"]["mix"]
 
 
 def test_step_flops_count_the_weight_gradients_only_when_fully_finetuning(tiny_checkpoint):
     from model import Embedder
     embedder = Embedder.from_pretrained(tiny_checkpoint)
     features = [embedder.preprocessor("a red circle"), embedder.preprocessor("a blue square at the top left")]
-    batch = {"query": [embedder.preprocessor.collate(features)], "candidate": []}
+    chunks = [embedder.preprocessor.collate(features)]
     tokens = sum(len(f["input_ids"]) for f in features)
-    full, adapted = bench.step_flops(embedder, batch, True), bench.step_flops(embedder, batch, False)
+    full, adapted = embedder.step_flops(chunks, True), embedder.step_flops(chunks, False)
     matmul_weights = sum(p.numel() for n, p in embedder.model.language_model.named_parameters()
                          if p.dim() >= 2 and "embed_tokens" not in n)
     assert full - adapted == pytest.approx(2 * matmul_weights * tokens)  # 6N vs 4N per token
     lora.inject_lora(embedder.model, 4, 8)
-    assert bench.step_flops(embedder, batch, False) > adapted  # the adapters' matmuls count too
+    assert embedder.step_flops(chunks, False) > adapted  # the adapters' matmuls count too
 
 
-def test_cpu_mode_runs_and_reports_every_row(tmp_path):
-    out = tmp_path / "bench.json"
-    command = [sys.executable, "bench.py", "--sections=step,lora", "--iters=1", "--warmup=0", "--batch_size=4",
-               "--num_hard_negatives=1", "--grad_cache_chunk=2", f"--out={out}"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
-    rows = results["step"]
+def check_step_rows(rows, stdout):
     assert [r["name"] for r in rows] == ["Stage I (LoRA, cos)", "Stage I (LoRA, cos) + GradCache",
                                          "Stage II (full, dot)", "Stage II (full, dot) + GradCache"]
     for row in rows:
-        assert row["step_s"] > 0 and row["floor_s"] > 0
+        assert row["step_s"] > 0 and row["floor_s"] > 0 and row["name"] in stdout
         assert row["ratio"] == pytest.approx(row["step_s"] / row["floor_s"])  # one round: the paired ratio is the ratio
-        assert row["name"] in result.stdout
     # 4 queries and 8 candidates: ceil(sqrt(n)) chunks a side without GradCache (2 + 3), at most 2 items with it (2 + 4)
     assert (rows[0]["chunks"], rows[1]["chunks"]) == (5, 6)
-    assert rows[1]["ratio_own_floor"] < rows[1]["ratio"]
+    assert 0 < rows[1]["ratio_own_floor"] < rows[1]["ratio"]
+
+
+def test_cpu_mode_runs_and_reports_every_row(tmp_path):
+    results, stdout = run_bench(tmp_path, "--sections=step,lora")
+    check_step_rows(results["step"], stdout)
     assert [r["name"] for r in results["lora"]] == ["lora"] and results["lora"][0]["ratio"] > 0
-    assert results["header"]["shape"] == "tiny" and results["header"]["gated_deltanet"]
-    assert results["header"]["batch_size"] == 4 and results["header"]["commit"]
+    assert results["header"]["shape"] == "tiny" and results["header"]["kernels"]
+    assert results["header"]["batch_size"] == 4 and results["header"]["commit"] and "sharding" not in results["header"]
+
+
+def test_fsdp_mode_shards_with_train_py_and_times_the_distributed_step(tmp_path):
+    results, stdout = run_bench(tmp_path, "--fsdp=True", "--sections=step,cut,lora")
+    assert results["header"]["sharding"] == {"backend": "gloo", "world_size": 1, "dtensor_parameters": True}
+    check_step_rows(results["step"], stdout)
+    assert [r["name"] for r in results["cut"]] == ["Stage I (LoRA, cos)", "Stage II (full, dot)"]
+    assert all(r["ratio"] > 0 for r in results["cut"]) and "lora" not in results  # step and cut only
+
+
+def test_fla_check_passes_a_second_reference_and_fails_a_wrong_one():
+    # On a CPU, transformers' token-by-token reference stands in for fla's kernel; one with v's sign flipped is wrong
+    recurrent, threads = fla_check.recurrent_reference(), torch.get_num_threads()
+    torch.set_num_threads(1)  # many small ops: more threads only wait on each other
+    try:
+        assert max(fla_check.check(recurrent, "cpu", tokens=70).values()) <= fla_check.TOLERANCE
+        wrong = fla_check.check(lambda q, k, v, **args: recurrent(q, k, -v, **args), "cpu", tokens=70)
+    finally:
+        torch.set_num_threads(threads)
+    assert wrong["output"] > 1 and wrong["grad v"] > 1
