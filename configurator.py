@@ -172,6 +172,31 @@ def peak_flops(device):
     return next((flops for gpu, flops in PEAK_BF16_FLOPS if gpu in name), None)
 
 
+def step_flops(embedder, chunks, full_finetune):
+    """Useful FLOPs of one training step over these collated chunks (real tokens only, no recomputation):
+    the language model's matmuls at 2N a token forward and 4N (full) or 2N (LoRA: activation gradients
+    only) backward, N without the token embedding (a lookup); the causal attention scores of the
+    full-attention layers (2 T^2 d forward, twice that backward); the frozen vision tower's forward.
+    Gated DeltaNet's state updates (a few % at these sizes) are not counted. For the MFU figure."""
+    text, vision = embedder.model.config.text_config, embedder.model.config.vision_config
+    language = sum(p.numel() for n, p in embedder.model.language_model.named_parameters()
+                   if p.dim() >= 2 and "embed_tokens" not in n)
+    tower = {n: p.numel() for n, p in embedder.model.visual.named_parameters() if p.dim() >= 2 and "pos_embed" not in n}
+    per_patch = sum(v for n, v in tower.items() if "merger" not in n)
+    per_patch += sum(v for n, v in tower.items() if "merger" in n) / vision.spatial_merge_size ** 2
+    attention_width = text.num_attention_heads * text.head_dim
+    full_layers = sum(kind == "full_attention" for kind in text.layer_types)
+    flops = 0.0
+    for chunk in chunks:
+        lengths = chunk["attention_mask"].sum(dim=1).double()  # (B,)
+        flops += (6 if full_finetune else 4) * language * lengths.sum().item()
+        flops += 6 * full_layers * attention_width * (lengths ** 2).sum().item()
+        if chunk["image_grid_thw"] is not None:
+            patches = chunk["image_grid_thw"].prod(dim=1).double()  # (images,)
+            flops += 2 * per_patch * patches.sum().item() + 4 * vision.depth * vision.hidden_size * (patches ** 2).sum().item()
+    return flops
+
+
 class HideKernelFallbackWarning(logging.Filter):
     """Drops transformers' 'falling back to its reference PyTorch implementation' lines (two per process, at the
     first forward): kernel_report says it once, in its own words."""

@@ -275,18 +275,20 @@ def sheet_size(num_rows, k, thumb=96, text_width=220, title=""):
 
 
 def retrieval_sheet(rows, thumb=96, text_width=220, title=""):
-    """One row per query: its cell, then its results in rank order; the gold framed green, a wrong #1 red."""
+    """One row per query: its cell, then its results in rank order; the gold framed green, a wrong #1 red. Results
+    with no "gold" key at all (a search without a known answer) are not judged: no frames, no note."""
     k = max([len(row["results"]) for row in rows], default=0)
     size = cell_size(thumb, text_width)
     image = canvas(sheet_size(len(rows), k, thumb, text_width, title), title)
     for r, row in enumerate(rows):
         results = row["results"]
         found = any(result.get("gold") for result in results)
+        judged = any("gold" in result for result in results)
         left, top = cell_origin(r * (k + 1), k + 1, size, title)
         draw_cell(image, (left, top, left + size[0], top + size[1]), row["query"], thumb, "query", (GREY, 1),
-                  "" if found else f"gold not in top {len(results)}")
+                  "" if found or not judged else f"gold not in top {len(results)}")
         for rank, result in enumerate(results, 1):
-            frame = (GREEN, FRAME) if result.get("gold") else (RED, FRAME) if rank == 1 else (LIGHT, 1)
+            frame = (GREEN, FRAME) if result.get("gold") else (RED, FRAME) if rank == 1 and judged else (LIGHT, 1)
             header = f"#{rank}  {float(result['score']):.2f}"
             x = left + rank * size[0]
             draw_cell(image, (x, top, x + size[0], top + size[1]), result, thumb, header, frame)

@@ -439,7 +439,7 @@ while step < max_iters:
     chunks = batch["query"] + batch["candidate"]
     window["real"] += sum(int(chunk["attention_mask"].sum()) for chunk in chunks)
     window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)
-    window["flops"] += embedder.step_flops(chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
+    window["flops"] += configurator.step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
     window["skipped"] += batch["skipped"]
     # this rank's undecodable rows and whether it has been 30 s since the last line, summed over the ranks, so
     # every rank logs (a collective, for the skipped count) at the same steps

@@ -26,7 +26,7 @@ round, so the machine's speed and its drift cancel out.
 5. data: items/s per DataLoader worker (JPEG decode, resize, patchify, tokenise, collate); on GPU the headroom
    of `num_workers` workers over the Stage I step.
 6. eval: Embedder.encode items/s and, on the toy set, eval.py's dedup factor (references / distinct items).
-On a GPU the step rows add tokens/s, MFU (model.Embedder.step_flops over configurator.peak_flops) and peak
+On a GPU the step rows add tokens/s, MFU (configurator.step_flops over configurator.peak_flops) and peak
 memory; the header says which Gated DeltaNet kernels run (configurator.kernel_report). --fsdp=True joins a
 one-rank process group (gloo on CPU, NCCL on CUDA), shards both stages' models with train.py's
 fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs; it measures step and cut.
@@ -60,7 +60,7 @@ import data  # noqa: E402
 import loss  # noqa: E402
 import lora  # noqa: E402
 import mmeb  # noqa: E402
-from configurator import compute_init, configure, kernel_report, peak_flops  # noqa: E402
+from configurator import compute_init, configure, kernel_report, peak_flops, step_flops  # noqa: E402
 from model import Embedder, Preprocessor  # noqa: E402
 from prepare import prepare  # noqa: E402  (data/shapes/prepare.py: the toy benchmark)
 import synthetic  # noqa: E402  (its constants are not config keys)
@@ -304,7 +304,7 @@ def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetun
     if device.type == "cuda":
         peak = peak_flops(device)
         row.update(peak_memory_gb=torch.cuda.max_memory_allocated() / 2**30,
-                   mfu=code["embedder"].step_flops(chunks, full_finetune) / seconds["step"] / peak if peak else None)
+                   mfu=step_flops(code["embedder"], chunks, full_finetune) / seconds["step"] / peak if peak else None)
         line += f" | MFU {format(row['mfu'], '.1%') if peak else '-'} | peak {row['peak_memory_gb']:.1f} GB"
     results.add("step", row, line, key)
 

@@ -179,3 +179,12 @@ def test_save_writes_a_whole_png_and_no_temporary_file(tmp_path):
         assert reopened.format == "PNG" and reopened.size == (200, 150)
         assert (pixels(reopened) == pixels(image)).all()
     assert [p.name for p in path.parent.iterdir()] == ["scatter.png"]
+
+
+def test_a_sheet_without_gold_keys_judges_nothing():
+    red_in = lambda image: any(pixel == plot.RED for pixel in image.getdata())  # noqa: E731
+    unjudged = plot.retrieval_sheet([{"query": {"text": "q", "image": None},
+                                      "results": [{"text": "a", "image": None, "score": 1.0}]}])
+    judged = plot.retrieval_sheet([{"query": {"text": "q", "image": None},
+                                    "results": [{"text": "a", "image": None, "score": 1.0, "gold": False}]}])
+    assert not red_in(unjudged) and red_in(judged)  # a wrong #1 is red only when there is a gold to miss

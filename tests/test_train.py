@@ -292,3 +292,31 @@ def test_figure_6b_weightings_train_and_kept_checkpoints_survive_pruning(toy, tm
     assert sorted(p for p in os.listdir(out) if p.startswith("step_")) == ["step_000001", "step_000002", "step_000004"]
     assert "instructions='paper' on the queries: unknown dataset 120" in output  # the toy is no MMEB dataset
     assert json.load(open(os.path.join(out, "export", "pace.json")))["config"]["weighting"] == weighting
+
+
+def train_py(*names, **namespace):
+    """train.py's own functions, compiled from its source (bench.train_functions): train.py runs on import."""
+    from bench.bench import train_functions
+    return train_functions(list(names), {"torch": torch, **namespace})
+
+
+def test_adamw_is_fused_only_where_it_is_safe():
+    adamw_options, = train_py("adamw_options")
+    assert adamw_options("2.11.0+cu130", "cuda", True) == {"foreach": True}  # FSDP2 DTensors: fused leaks there
+    assert adamw_options("2.10.1", "cuda", True) == {"foreach": True}
+    assert adamw_options("2.11.0", "cuda", False) == {"fused": True}  # one GPU, plain tensors
+    assert adamw_options("2.12.0", "cuda", True) == {"fused": True} == adamw_options("2.13.1+cu128", "cuda", True)
+    assert adamw_options("2.13.0+cpu", "cpu", False) == {"foreach": True} == adamw_options("2.9.1", "cpu", True)
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], **adamw_options(torch.__version__, "cpu", False))
+
+
+def test_only_finite_weights_count_as_checkpointable():
+    weights = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+    parameters_finite, = train_py("parameters_finite", trainable=weights, device=torch.device("cpu"), distributed=False)
+    assert parameters_finite()
+    with torch.no_grad():
+        weights[1][0, 1] = math.inf
+    assert not parameters_finite()
+    with torch.no_grad():
+        weights[1][0, 1] = math.nan
+    assert not parameters_finite()
