@@ -137,6 +137,31 @@ def newest_intact(out_dir):
     return None
 
 
+def finish(tmp, path, info):
+    """Complete a step folder written under tmp: pace.json last, then the rename that makes it a checkpoint."""
+    with open(os.path.join(tmp, INFO), "w") as f:
+        json.dump(info, f, indent=2)
+    remove(path)
+    os.replace(tmp, path)
+
+
+def prune(out_dir, keep_last, keep_steps):
+    """Delete all but the newest keep_last complete step folders, except the steps of keep_steps."""
+    folders = complete(out_dir)
+    for path in folders[:-keep_last] if keep_last > 0 else folders:
+        if read_info(path)["step"] not in keep_steps:
+            remove(path)
+
+
+def set_aside(out_dir, from_step):
+    """Rename the step folders from from_step on to step_NNNNNN.suspect (a stopped run's weights that went wrong):
+    kept for a look, but no longer what --resume takes. -> the folders moved."""
+    moved = [path for path in complete(out_dir) if read_info(path)["step"] >= from_step]
+    for path in moved:
+        os.replace(path, path + ".suspect")
+    return moved
+
+
 def load_rng(path):
     """A rank's RNG states, read as tensors only: a shared checkpoint's pickle cannot run code here."""
     try:

@@ -22,7 +22,6 @@ Hugging Face folder with a model card, and out_dir/curves.png the training curve
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -244,7 +243,7 @@ def save_checkpoint(step):
     path = checkpoint.step_path(out_dir, step)
     tmp = path + ".tmp"
     if master:
-        shutil.rmtree(tmp, ignore_errors=True)
+        checkpoint.remove(tmp)
         os.makedirs(tmp)
     barrier()
     model_state, optim_state = get_state_dict(embedder, optimizer)
@@ -254,17 +253,11 @@ def save_checkpoint(step):
     barrier()
     files = checkpoint.record_files(tmp, rank, world_size)
     if master:
-        info = {"step": step, "backbone": backbone, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
-                "similarity": similarity, "sampler": sampler.state_dict(), "world_size": world_size,
-                "bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total, "config": config, "files": files}
-        with open(os.path.join(tmp, checkpoint.INFO), "w") as f:
-            json.dump(info, f, indent=2)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-        kept = checkpoint.complete(out_dir)
-        for old in kept[:-keep_last] if keep_last > 0 else kept:
-            if checkpoint.read_info(old)["step"] not in keep_checkpoints:
-                shutil.rmtree(old, ignore_errors=True)
+        checkpoint.finish(tmp, path, {"step": step, "backbone": backbone, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
+                                      "similarity": similarity, "sampler": sampler.state_dict(), "world_size": world_size,
+                                      "bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total, "config": config,
+                                      "files": files})
+        checkpoint.prune(out_dir, keep_last, keep_checkpoints)
     barrier()
     print(f"saved {path}")
 
@@ -460,13 +453,11 @@ while step < max_iters:
 
 stopped = bad_in_row >= max_bad_steps
 if stopped:
-    # step first_bad's forward ran on the weights of step first_bad - 1: that checkpoint, and any after it, hold
-    # the weights that went wrong. They move aside (nothing is deleted), so --resume=True takes the one before.
+    # step first_bad's forward ran on the weights saved as step first_bad - 1: that checkpoint, and any after it,
+    # hold weights that went wrong. They move aside (nothing is deleted), so --resume=True takes the one before.
     if master:
-        for path in checkpoint.complete(out_dir):
-            if checkpoint.read_info(path)["step"] >= first_bad - 1:
-                os.replace(path, path + ".suspect")
-                print(f"moved {path} aside to {path}.suspect: its weights led to step {first_bad}")
+        for path in checkpoint.set_aside(out_dir, first_bad - 1):
+            print(f"moved {path} aside to {path}.suspect: its weights led to step {first_bad}")
     good = checkpoint.complete(out_dir)
     print(f"stopping: {bad_in_row} bad steps in a row from step {first_bad}; the last good checkpoint is "
           f"{good[-1] if good else 'none'}")
