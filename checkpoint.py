@@ -10,12 +10,13 @@ checkpoint.py: what train.py's folders hold on disk, and how they are checked be
 A step folder is written under a .tmp name and renamed when complete, so a crash leaves no half-written one
 that looks finished. verify() reads back each file's size and checksum: a truncated, emptied or corrupted
 file names the folder and the file. Loading a step folder is safe: its .metadata pickle is read by an
-unpickler that builds only the few classes such a file holds (safe_reader), and the shards and RNG files are
-read as tensors only (weights_only). The export's safetensors never run code.
+unpickler that builds only the few classes such a file holds (load_state), and the shards' non-tensor entries
+and the RNG files as plain data only (weights_only). The export's safetensors never run code.
 """
 import glob
 import json
 import os
+import pickle
 import re
 import shutil
 import warnings
@@ -322,7 +323,68 @@ def add_evaluation(folder, text):
     return True
 
 
+
+# -----------------------------------------------------------------------------
+# loading a step folder safely: torch.distributed.checkpoint reads .metadata with pickle.load, and the shards'
+# non-tensor entries (the optimizer's lr, betas, ...) with torch.load(weights_only=False), so a step folder from
+# elsewhere could run code. These read both as data only.
+
+METADATA_CLASSES = {("pathlib", "PosixPath"), ("pathlib._local", "PosixPath"), ("torch", "Size"),
+                    ("torch.serialization", "_get_layout"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+METADATA_CLASSES |= {("torch.distributed.checkpoint.metadata", name) for name in (
+    "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")}  # all that dcp.save writes there
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """An unpickler that builds only METADATA_CLASSES and torch dtypes: what a .metadata written by
+    torch.distributed.checkpoint holds. Anything else (os.system, say) is refused, not called."""
+
+    def find_class(self, module, name):
+        if (module, name) in METADATA_CLASSES or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it asks for {module}.{name}, which torch.distributed.checkpoint never writes")
+
+
+def read_metadata(path):
+    """A step folder's .metadata, read safely; ValueError naming the folder for anything that is not DCP metadata."""
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+    try:
+        with open(os.path.join(path, ".metadata"), "rb") as f:
+            metadata = MetadataUnpickler(f).load()
+    except Exception as error:  # noqa: BLE001 - hostile, truncated or corrupt: refused alike
+        raise ValueError(f"{path}: refusing its .metadata: {error}") from None
+    if not isinstance(metadata, Metadata):
+        raise ValueError(f"{path}: refusing its .metadata: it holds a {type(metadata).__name__}, not DCP metadata")
+    metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+    return metadata
+
+
 def load_state(state, path):
-    """torch.distributed.checkpoint.load of a step folder into `state` (in place), its .metadata read safely."""
+    """torch.distributed.checkpoint.load of a step folder into `state` (in place, on every rank alike), reading
+    its .metadata with MetadataUnpickler and its non-tensor entries as plain data (weights_only)."""
     import torch.distributed.checkpoint as dcp
-    dcp.load(state, checkpoint_id=path)
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class Reader(dcp.FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_metadata(self.path)
+            metadata.storage_meta.load_id = self.load_id  # as the stock reader sets it
+            return metadata
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            try:
+                torch.load(value, weights_only=True)  # plain data (numbers, strings, tuples) passes; code does not
+            except Exception as error:  # noqa: BLE001
+                raise ValueError(f"{path}: refusing its entry {read_item.dest_index.fqn}: {error}") from None
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    read_metadata(path)  # first: dcp.load would swallow the refusal and fall back to another file
+    try:
+        dcp.load(state, storage_reader=Reader(path), planner=Planner())
+    except dcp.api.CheckpointException as error:  # a BaseException: one line naming the folder instead
+        causes = [cause[0] if isinstance(cause, tuple) else cause for cause in error.failures.values()]
+        ours = [cause for cause in causes if isinstance(cause, ValueError) and str(cause).startswith(str(path))]
+        raise ValueError(str(ours[0]) if ours else f"{path}: cannot load it: {causes[0] if causes else error}") from None

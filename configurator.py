@@ -141,7 +141,8 @@ def save_config(config, path):
 def compute_init(device, timeout_minutes=10.0):
     """-> (rank, local_rank, world_size, torch.device). Under torchrun (RANK set) it joins the process group: NCCL
     on GPU, gloo on CPU, with a timeout, so a collective that waits on a stopped or dead rank ends the run with an
-    error instead of hanging. Without torchrun, one process on `device`. On a CPU it keeps transformers from binding
+    error instead of hanging (on gloo install_error_hook then names the rank that does not answer; NCCL's watchdog
+    names the rank and the operation that timed out). Without torchrun, one process on `device`. On a CPU it keeps transformers from binding
     flash-linear-attention's GPU kernels, which fail there. train.py, eval.py and bench."""
     import torch.distributed as dist
     if not device.startswith("cuda"):  # fla's Triton kernels need a GPU, yet transformers binds them if fla imports
@@ -150,13 +151,33 @@ def compute_init(device, timeout_minutes=10.0):
     if "RANK" not in os.environ:
         return 0, 0, 1, torch.device(device)
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    global MONITOR, MONITOR_WAIT
     timeout = datetime.timedelta(minutes=timeout_minutes)
     if device.startswith("cuda"):
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl", timeout=timeout, device_id=torch.device("cuda", local_rank))
-        return rank, local_rank, world, torch.device("cuda", local_rank)
-    dist.init_process_group("gloo", timeout=timeout)
-    return rank, local_rank, world, torch.device("cpu")
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    MONITOR = dist.new_group(backend="gloo", timeout=timeout)  # idle until a collective times out: then it asks who
+    MONITOR_WAIT = min(timeout, datetime.timedelta(seconds=30))
+    return rank, local_rank, world, torch.device("cuda", local_rank) if device.startswith("cuda") else torch.device("cpu")
+
+
+MONITOR = None  # compute_init's spare gloo group: after a timeout the main group is broken, this one can still ask
+MONITOR_WAIT = None  # how long it waits for an answer
+
+
+def stuck_ranks():
+    """After a collective timed out: which ranks do not answer, asked over the spare group with gloo's
+    monitored_barrier (rank 0 is the one that can tell). -> a few words."""
+    import torch.distributed as dist
+    try:
+        dist.monitored_barrier(group=MONITOR, timeout=MONITOR_WAIT, wait_all_ranks=True)
+        return "every rank answers now: one was far behind"
+    except RuntimeError as error:
+        ranks = re.search(r"Ranks? ([\d, ]+) failed to pass", str(error))
+        return f"rank {ranks.group(1).strip()} does not answer: stopped, dead or stuck" if ranks else \
+            "rank 0's message names the rank that does not answer"
 
 
 # dense bf16 peak FLOP/s per GPU, matched against torch.cuda.get_device_name() in order (the first match wins)
@@ -278,7 +299,10 @@ def install_error_hook():
 
 
 def purposeful_message(error, tb):
-    """The message of an error this project raised on purpose, else None."""
+    """The message of an error this project raised on purpose (or a collective's timeout), else None."""
+    if isinstance(error, RuntimeError) and MONITOR is not None and "Timed out waiting" in str(error):
+        return (f"rank {os.environ.get('RANK')}: a collective waited longer than timeout_minutes for another rank; "
+                f"{stuck_ranks()}")
     if not isinstance(error, (ValueError, TypeError, OSError, ImportError)):
         return None
     ours = lambda path: os.path.abspath(path).startswith(ROOT + os.sep) and "site-packages" not in path  # noqa: E731

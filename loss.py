@@ -26,10 +26,16 @@ exactly as eq. (5)'s (weighting=...):
     "query_negative"  a_i = ((1 + max_{j != +} s_cos(q_i, c_j)) / 2)^gamma: a close hardest negative is hard
 """
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_functional
 import torch.nn.functional as F
+
+# torch 2.13 marks its autograd-aware all_gather deprecated in favour of a private module; it works, and says so
+# at every step otherwise
+warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_gather is deprecated")
 
 NORMALIZE_EPS = 1e-6  # floor on |x| in eq. (1), so a zero vector gives cos = 0, not NaN
 WEIGHTINGS = ("focal", "random", "query_positive", "query_negative")

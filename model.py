@@ -421,7 +421,7 @@ def load_embedder(path, dtype=torch.float32, **preprocessor_args):
     - a training step folder (out_dir/step_NNNNNN of train.py): its files are verified against pace.json, the
       backbone it names is loaded, LoRA adapters are injected if that run trained them, and the sharded weights
       are read with torch.distributed.checkpoint (in one process, or on every rank alike).
-    A step folder's .metadata is a pickle; it is read by checkpoint.safe_reader, which builds only the classes
+    A step folder's .metadata is a pickle; it is read by checkpoint.load_state, which builds only the classes
     such a file holds, so a step folder from elsewhere cannot run code here. export/ (safetensors) is still the
     format to share: it needs neither this repository nor the backbone folder."""
     path = os.fspath(path)

@@ -158,8 +158,9 @@ else:
     embedder.requires_grad_(False)
     language_model.requires_grad_(True)  # full fine-tuning; the vision tower stays frozen
 torch.manual_seed(seed + rank)
-if activation_checkpointing:
-    embedder.enable_activation_checkpointing()
+if activation_checkpointing:  # before torch 2.13, FSDP2 skipped the bf16 cast of a recomputed unit's inputs when
+    embedder.enable_activation_checkpointing()  # the checkpoint wrapped the unit (pytorch 159359); transformers
+    # checkpoints a layer's forward, inside FSDP2's hooks, so these layers always see bf16 inputs
 embedder.to(device)
 autocast = nullcontext()
 

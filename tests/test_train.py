@@ -6,9 +6,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -39,8 +41,9 @@ def toy(tmp_path_factory, tiny_checkpoint):
     return {"checkpoint": tiny_checkpoint, **paths, "root": out, "broken": broken}
 
 
-def launch(toy, out_dir, *args, nproc=1):
-    """Run train.py on the toy config in a subprocess. -> (return code, its stdout and stderr)"""
+def launch(toy, out_dir, *args, nproc=1, popen=False):
+    """Run train.py on the toy config in a subprocess. -> (return code, its stdout and stderr), or with popen the
+    running process, its output merged into one pipe."""
     common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={os.path.relpath(toy['checkpoint'], ROOT)}",
               f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out_dir}",
               "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096",
@@ -51,6 +54,9 @@ def launch(toy, out_dir, *args, nproc=1):
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                    f"--master_port={free_port()}", os.path.join(ROOT, "train.py")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    if popen:
+        return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
     result = subprocess.run(command + common + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     return result.returncode, result.stdout + result.stderr
 
@@ -150,6 +156,31 @@ def test_broken_step_folders_are_named_wherever_they_are_loaded(straight, tmp_pa
     with pytest.raises(ValueError, match="cannot read the RNG states"):
         checkpoint.load_rng(str(hostile))
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_hostile_step_folder_is_refused_not_run(straight, tiny_embedder, tmp_path):
+    import pickle
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    import torch.distributed.checkpoint as dcp
+    import checkpoint
+    from model import load_embedder
+    folder = tmp_path / "hostile"
+    shutil.copytree(os.path.join(straight[0], "step_000002"), folder)
+    with open(folder / ".metadata", "wb") as f:  # a .metadata whose pickle calls os.system
+        pickle.dump(Exploit(tmp_path / "pwned_metadata"), f)
+    info = json.load(open(folder / "pace.json"))  # its sender can record the new file's checksum too
+    info["files"][".metadata"] = checkpoint.file_record(str(folder / ".metadata"))
+    json.dump(info, open(folder / "pace.json", "w"))
+    with pytest.raises(ValueError, match=r"hostile: refusing its \.metadata: it asks for posix\.system"):
+        load_embedder(str(folder))
+    assert not (tmp_path / "pwned_metadata").exists()
+    # a genuine .metadata, but a non-tensor entry (where the optimizer keeps lr, betas, ...) that runs code
+    entries = str(tmp_path / "entries")
+    dcp.save({"model": get_model_state_dict(tiny_embedder), "lr": Exploit(tmp_path / "pwned_entry")}, checkpoint_id=entries)
+    with pytest.raises(ValueError, match="entries: refusing its entry lr"):
+        checkpoint.load_state({"model": get_model_state_dict(tiny_embedder), "lr": 0.1}, entries)
+    assert not (tmp_path / "pwned_entry").exists()
+    checkpoint.load_state({"model": get_model_state_dict(tiny_embedder)}, entries)  # the tensors alone load
 
 
 class Exploit:
@@ -320,3 +351,40 @@ def test_only_finite_weights_count_as_checkpointable():
     with torch.no_grad():
         weights[1][0, 1] = math.nan
     assert not parameters_finite()
+
+
+def rank_process(out_dir, local_rank):
+    """The pid of the train.py process of this local rank writing to out_dir (read from /proc)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            environment = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"train.py") for part in command) and f"--out_dir={out_dir}".encode() in command \
+                and f"LOCAL_RANK={local_rank}".encode() in environment:
+            return int(pid)
+    raise AssertionError(f"no rank {local_rank} process for {out_dir}")
+
+
+def test_a_stopped_rank_ends_the_run_with_a_message_naming_it(toy, tmp_path):
+    out = str(tmp_path / "stuck")
+    run = launch(toy, out, "--max_iters=1000", "--checkpoint_interval=1000", "--timeout_minutes=0.1", nproc=2, popen=True)
+    output, stopped, started = [], None, time.time()
+    try:
+        for line in run.stdout:
+            output.append(line)
+            if line.startswith("step 2/1000 |") and stopped is None:
+                stopped = rank_process(out, 1)
+                os.kill(stopped, signal.SIGSTOP)  # as a frozen GPU or a swapped-out node would
+            if "error: rank 0" in line:  # torchrun may prefix a rank's lines with "[rank0]: "
+                break
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGKILL)
+        run.wait(timeout=120)
+    text = "".join(output)
+    assert stopped and run.returncode != 0, text[-4000:]
+    assert "error: rank 0: a collective waited longer than timeout_minutes for another rank; rank 1 does not answer" \
+        in text, text[-4000:]
+    assert time.time() - started < 120  # 6 s of timeout and 6 s of asking, not torch's default 30 minutes
