@@ -32,13 +32,10 @@ one-rank process group (gloo on CPU, NCCL on CUDA), shards both stages' models w
 fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs; it measures step and cut.
 """
 import ast
-import copy
 import functools
 import json
 import math
 import os
-import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,7 +43,6 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from unittest import mock
 
 # `python bench/bench.py` from anywhere: the repository root (the project's modules), data/shapes (the toy data)
 # and this folder (synthetic.py)
@@ -58,13 +54,9 @@ import torch.distributed as dist  # noqa: E402
 
 import data  # noqa: E402
 import loss  # noqa: E402
-import lora  # noqa: E402
-import mmeb  # noqa: E402
 from configurator import compute_init, configure, kernel_report, peak_flops, step_flops  # noqa: E402
-from model import Embedder, Preprocessor  # noqa: E402
-from prepare import prepare  # noqa: E402  (data/shapes/prepare.py: the toy benchmark)
-import synthetic  # noqa: E402  (its constants are not config keys)
-from synthetic import mix_item, mix_rows, random_embedder, side_item, side_tokens, write_jpegs  # noqa: E402
+from model import Preprocessor  # noqa: E402
+import synthetic  # noqa: E402  (the data, models and cuts measured on; its constants are not config keys)
 from tiny_model import make_tiny_checkpoint  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -101,6 +93,7 @@ TRAIN_PY = os.path.join(os.path.dirname(_here), "train.py")
 STEP_FUNCTIONS = ["embed", "compute_loss", "forward_backward", "clip_gradients"]  # train.py's training step
 STAGES = [("Stage I (LoRA, cos)", dict(similarity="cos", temperature=0.1), 2e-5),  # name, loss, learning rate
           ("Stage II (full, dot)", dict(similarity="dot", temperature=100.0), 2e-6)]
+ROW_ITEMS = 2 + num_hard_negatives  # items a row: the query, its positive, its hard negatives
 
 
 # -----------------------------------------------------------------------------
@@ -166,8 +159,9 @@ def clock(device):
 
 
 def side_by_side(functions, device, rounds=None, warm=None):
-    """{name: function} -> {name: [seconds in each timed round]} over `rounds` (iters) after `warm` (warmup):
-    round-robin, so each round times the functions back to back and drift in the machine's speed hits all alike."""
+    """{name: function} -> ({name: [seconds in each timed round]}, {name: median seconds}) over `rounds` (iters)
+    after `warm` (warmup): round-robin, so each round times the functions back to back and drift in the machine's
+    speed hits all alike."""
     rounds, warm = rounds or iters, warmup if warm is None else warm
     times = {name: [] for name in functions}
     for i in range(warm + rounds):
@@ -176,12 +170,17 @@ def side_by_side(functions, device, rounds=None, warm=None):
             function()
             if i >= warm:
                 times[name].append(clock(device) - start)
-    return times
+    return times, {name: statistics.median(values) for name, values in times.items()}
 
 
 def paired_ratio(numerators, denominators):
     """The median over rounds of numerator / denominator, each pair timed back to back."""
     return statistics.median(a / b for a, b in zip(numerators, denominators))
+
+
+def padded_size(lengths, chunks):
+    """Positions the model computes for these chunks: each chunk is as long as its longest item."""
+    return sum(max(lengths[i] for i in chunk) * len(chunk) for chunk in chunks)
 
 
 def batch_tokens(batch):
@@ -239,48 +238,23 @@ def header(device):
 
 
 # -----------------------------------------------------------------------------
-# batches: the two cuts
-
-def padded_size(lengths, chunks):
-    """Positions the model computes for these chunks: each chunk is as long as its longest item."""
-    return sum(max(lengths[i] for i in chunk) * len(chunk) for chunk in chunks)
-
-
-def equal_chunks(lengths, max_items, sort=True):
-    """The simple rule: ceil(n / max_items) chunks of near-equal size (one chunk with max_items None), of the
-    items sorted longest first, or in the batch's own order. -> list of index lists, as data.split_by_length"""
-    n = len(lengths)
-    order = sorted(range(n), key=lambda i: -lengths[i]) if sort else list(range(n))
-    count = -(-n // max_items) if max_items else 1
-    bounds = [-(-k * n // count) for k in range(count + 1)]  # ceil(k n / count): sizes differ by one at most
-    return [order[a:b] for a, b in zip(bounds, bounds[1:])]
-
-
-CUTS = {"batch order": functools.partial(equal_chunks, sort=False), "sorted, equal chunks": equal_chunks,
-        "least padding": data.split_by_length}  # name -> cut(lengths, max_items)
-
-
-def collate(preprocessor, items, max_items, cut=data.split_by_length):
-    """data.collate_train's batch of these items (CPU tensors, as train.py's DataLoader gives them), with `cut` in
-    place of data.split_by_length while it runs: the same collation, only the cut differs."""
-    with mock.patch.object(data, "split_by_length", cut):
-        return data.collate_train(preprocessor, max_items)(items)
-
-
-def mix_items(preprocessor, count):
-    """`count` rows of the MMEB-shaped mix as TrainDataset items, made in num_workers DataLoader workers."""
-    rows = mix_rows(random.Random(seed), count, num_hard_negatives, max_pixels)
-    return list(torch.utils.data.DataLoader(range(count), batch_size=None, num_workers=num_workers,
-                                            collate_fn=functools.partial(mix_item, rows, preprocessor, seed)))
-
-
-# -----------------------------------------------------------------------------
 # the measurements
+
+def measure_steps(results, stages, batches):
+    """Section 1: each stage's step, plain and with GradCache, against its floor."""
+    print(f"1. training step / floor (the embedder's forward + backward of the same chunks); median of {iters} "
+          f"rounds after {warmup}; goal <= 1.10 (GradCache: against its own floor)", flush=True)
+    for stage, (name, optimizer, code) in enumerate(stages):
+        for grad_cache in (False, True):
+            label = name + (" + GradCache" if grad_cache else "")
+            attempt(results, "step", label, measure_step, label, code[grad_cache], optimizer, batches[grad_cache],
+                    grad_cache, stage == 1)  # Stage II fine-tunes the whole language model
+            optimizer.zero_grad(set_to_none=True)  # what a row that ran out of memory left
+
 
 def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetune):
     """Section 1, one row: a step (plain or GradCache) against its floor."""
     device, (chunks, real, padding) = code["device"], batch_tokens(batch)
-    optimizer.zero_grad(set_to_none=True)  # a row before that ran out of memory may have left gradients
     functions = {"step": lambda: train_step(code, optimizer, batch),
                  "floor": lambda: floor_step(code, batch, one_graph=not grad_cache)}
     if grad_cache:  # GradCache's first pass, which its own floor adds: every chunk embedded without a graph
@@ -288,8 +262,7 @@ def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetun
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     long_step = grad_cache and device.type == "cuda" and grad_cache_batch > batch_size  # fewer rounds
-    times = side_by_side(functions, device, *((min(iters, 2), min(warmup, 1)) if long_step else ()))
-    seconds = {key: statistics.median(values) for key, values in times.items()}
+    times, seconds = side_by_side(functions, device, *((min(iters, 2), min(warmup, 1)) if long_step else ()))
     row = {"name": name, "queries": len(batch["targets"]), "chunks": len(chunks), "real_tokens": real,
            "padding": padding, "step_s": seconds["step"], "floor_s": seconds["floor"],
            "ratio": paired_ratio(times["step"], times["floor"]), "tokens_per_s": real / seconds["step"]}
@@ -312,25 +285,14 @@ def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetun
 def measure_padding(results, toy_dataset):
     """Section 2: padding share and forward calls a batch under each cut. Positions are counted from the lengths,
     as data.collate_train pads: each chunk to its longest item."""
-    def sides(rows, length):  # queries; then positives and negatives, in collate_train's order
-        return [[length(r["query"]) for r in rows],
-                [length(r["candidates"][0]) for r in rows] + [length(c) for r in rows for c in r["candidates"][1:]]]
-
-    data_sets = {}  # name -> batches of 32 rows (the paper's batch a GPU) -> [query lengths, candidate lengths]
-    if toy_dataset:
-        sampler = iter(data.ShardedBatchSampler(len(toy_dataset), 32, seed=seed))
-        data_sets["toy"] = [sides([toy_dataset[i] for i in next(sampler)], lambda f: len(f["input_ids"]))
-                            for _ in range(10)]
-    mix = mix_rows(random.Random(seed), 100 * 32, num_hard_negatives, max_pixels)
-    mix_length = functools.partial(side_tokens, max_pixels=max_pixels)
-    data_sets["mix"] = [sides(mix[i:i + 32], mix_length) for i in range(0, len(mix), 32)]
-    tokens_per_row = sum(map(sum, sum(data_sets["mix"], []))) / len(mix)
+    data_sets = synthetic.padding_batches(toy_dataset, num_hard_negatives, max_pixels, seed)  # name -> batches
+    tokens_per_row = sum(map(sum, sum(data_sets["mix"], []))) / (32 * len(data_sets["mix"]))
     print(f"2. padding: share of computed positions (each side cut apart, as data.collate_train) and forward calls a "
           f"batch, over batches of 32 rows: {len(data_sets.get('toy', []))} toy, 100 MMEB-shaped ({tokens_per_row:,.0f}"
           f" real tokens a row); goal <= 10 % with the cut train.py uses", flush=True)
     for label, max_items in [("one chunk per side", None), (f"micro_batch {micro_batch}", micro_batch),
                              (f"GradCache {grad_cache_chunk}", grad_cache_chunk)]:
-        for cut, split in CUTS.items() if max_items else [("", data.split_by_length)]:
+        for cut, split in synthetic.CUTS.items() if max_items else [("", data.split_by_length)]:
             row, parts = {"name": f"{label}, {cut}" if cut else label}, []
             for key, batches in data_sets.items():
                 lengths = sum(batches, [])  # every side of every batch
@@ -342,17 +304,24 @@ def measure_padding(results, toy_dataset):
             results.add("padding", row, f"  {row['name']:<36} " + " | ".join(parts))
 
 
-def measure_cut(results, name, code, optimizer, items, preprocessor):
-    """Section 3, one row: the plain step on the same rows under the least-padding cut and the simple rule, over
-    at most 3 rounds after 1 (its steps are long)."""
-    batches = {cut: collate(preprocessor, items, micro_batch, CUTS[cut]) for cut in ("sorted, equal chunks",
-                                                                                     "least padding")}
-    times = side_by_side({cut: functools.partial(train_step, code, optimizer, batch) for cut, batch in batches.items()},
-                         code["device"], min(iters, 3), min(warmup, 1))
+def measure_cuts(results, stages, items, preprocessor):
+    """Section 3: each stage's plain step on the same rows under the least-padding cut and the simple rule."""
+    print(f"3. cut: the plain step on {batch_size} MMEB-shaped rows, micro_batch {micro_batch}: the least-padding "
+          f"cut (data.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
+    batches = {cut: synthetic.collate(preprocessor, items, micro_batch, synthetic.CUTS[cut])
+               for cut in ("sorted, equal chunks", "least padding")}
+    for name, optimizer, code in stages:
+        attempt(results, "cut", name, measure_cut, name, code[False], optimizer, batches)
+
+
+def measure_cut(results, name, code, optimizer, batches):
+    """Section 3, one row: over at most 3 rounds after 1 (its steps are long)."""
+    times, seconds = side_by_side({cut: functools.partial(train_step, code, optimizer, batch)
+                                   for cut, batch in batches.items()}, code["device"], min(iters, 3), min(warmup, 1))
     row = {"name": name, "ratio": paired_ratio(times["least padding"], times["sorted, equal chunks"])}
     for cut, batch in batches.items():
         chunks, _, padding = batch_tokens(batch)
-        row[cut] = {"step_s": statistics.median(times[cut]), "calls": len(chunks), "padding": padding}
+        row[cut] = {"step_s": seconds[cut], "calls": len(chunks), "padding": padding}
     parts = [f"{cut} {row[cut]['step_s'] * 1e3:7.1f} ms ({row[cut]['calls']} calls, {row[cut]['padding']:.1%} padding)"
              for cut in batches]
     results.add("cut", row, f"  {name:<22} " + " | ".join(parts) + f" | least padding / equal {row['ratio']:.3f}")
@@ -361,60 +330,50 @@ def measure_cut(results, name, code, optimizer, items, preprocessor):
 def measure_lora(results, adapted, merged, batch):
     """Section 4: the floor of section 1 on the same chunks, adapted model over merged (frozen) model; both
     backpropagate down to the input embeddings."""
+    print("4. LoRA: adapted / merged, forward + backward of the same chunks", flush=True)
     hooks = [code["embedder"].model.language_model.embed_tokens.register_forward_hook(
         lambda module, inputs, output: output.requires_grad_()) for code in (adapted, merged)]
     try:
-        times = side_by_side({"adapted": lambda: floor_step(adapted, batch, one_graph=True),
-                              "merged": lambda: floor_step(merged, batch, one_graph=True)}, adapted["device"])
+        times, seconds = side_by_side({"adapted": lambda: floor_step(adapted, batch, one_graph=True),
+                                       "merged": lambda: floor_step(merged, batch, one_graph=True)}, adapted["device"])
     finally:
         for hook in hooks:
             hook.remove()
-    row = {"name": "lora", "rank": lora_rank, "adapted_s": statistics.median(times["adapted"]),
-           "merged_s": statistics.median(times["merged"]), "ratio": paired_ratio(times["adapted"], times["merged"])}
+    row = {"name": "lora", "rank": lora_rank, "adapted_s": seconds["adapted"], "merged_s": seconds["merged"],
+           "ratio": paired_ratio(times["adapted"], times["merged"])}
     results.add("lora", row, f"  rank {lora_rank}: adapted {row['adapted_s'] * 1e3:.1f} ms | merged "
                              f"{row['merged_s'] * 1e3:.1f} ms | ratio {row['ratio']:.3f}", "ratio")
 
 
-def measure_data(results, preprocessor, folder, step_seconds):
-    """Section 5: one worker's items per second on MMEB-shaped rows whose images are JPEG files on disk."""
-    rng = random.Random(seed)
-    jpegs = write_jpegs(folder, rng, 48)
-    rows = mix_rows(rng, 4 * batch_size, num_hard_negatives, max_pixels)
-    dataset = data.TrainDataset([{"query": side_item(rng, r["query"], jpegs),
-                                  "candidates": [side_item(rng, c, jpegs) for c in r["candidates"]]}
-                                 for r in rows], preprocessor)  # rows as load_train_rows gives them
+def measure_data(results, preprocessor, folder):
+    """Section 5: one worker's items per second on MMEB-shaped rows whose images are JPEG files on disk; on a GPU,
+    against what the Stage I step of section 1 consumes."""
+    print("5. data loading: TrainDataset + collate_train in one process, as one DataLoader worker", flush=True)
+    rows = synthetic.jpeg_rows(folder, 4 * batch_size, num_hard_negatives, max_pixels, seed)
+    dataset = data.TrainDataset(rows, preprocessor)
     collate_fn = data.collate_train(preprocessor, max_items=micro_batch)  # as train.py's DataLoader without GradCache
     collate_fn([dataset[i] for i in range(batch_size)])  # warm-up: imports, tokenizer caches
     start = time.perf_counter()
     for k in range(4):
         collate_fn([dataset[i] for i in range(k * batch_size, (k + 1) * batch_size)])
-    items_per_s = 4 * batch_size * (2 + num_hard_negatives) / (time.perf_counter() - start)
-    paper_items = 32 * (2 + num_hard_negatives)  # the paper's 32 queries a GPU
+    items_per_s = 4 * batch_size * ROW_ITEMS / (time.perf_counter() - start)
+    paper_items = 32 * ROW_ITEMS  # the paper's 32 queries a GPU
     row = {"name": "data", "items_per_s_per_worker": items_per_s, "worker_s_per_paper_batch": paper_items / items_per_s,
-           "image_share": statistics.mean(bool(size) for r in rows for _, size in [r["query"]] + r["candidates"])}
+           "image_share": statistics.mean(s["image"] is not None for r in rows for s in [r["query"]] + r["candidates"])}
     line = (f"  {items_per_s:.0f} items/s per worker ({row['image_share']:.0%} of the items with a JPEG of 256-768 px "
             f"a side); one worker takes {row['worker_s_per_paper_batch']:.1f} s per paper batch of {paper_items} items")
-    if step_seconds and num_workers:  # the Stage I step's items against what the workers supply in its time
-        row["headroom"] = num_workers * items_per_s * step_seconds / (batch_size * (2 + num_hard_negatives))
+    stage1 = [r for r in results.data.get("step", []) if r["name"] == STAGES[0][0] and "step_s" in r]
+    if stage1 and real_shape and num_workers:  # the Stage I step's items against what the workers supply in its time
+        row["headroom"] = num_workers * items_per_s * stage1[0]["step_s"] / (batch_size * ROW_ITEMS)
         line += f"; {num_workers} workers supply {row['headroom']:.1f}x what the Stage I step consumes"
     results.add("data", row, line)
 
 
 def measure_eval(results, embedder, toy, device):
     """Section 6: Embedder.encode items/s: on the toy set, with eval.py's dedup factor; else on MMEB-shaped items."""
-    row, rng = {"name": "eval"}, random.Random(seed + 1)
-    if not toy:
-        rows = mix_rows(rng, eval_items // (2 + num_hard_negatives), num_hard_negatives, max_pixels)
-        items = [side_item(rng, side) for r in rows for side in [r["query"]] + r["candidates"]]
-    else:  # the distinct (text, image) items of each dataset, counted as eval.distinct_items counts them
-        items, references = [], 0
-        for name in mmeb.find_mmeb_datasets(toy["eval"])[0]:
-            rows = mmeb.read_mmeb_dataset(os.path.join(toy["eval"], name), toy["images"])
-            distinct = {(s["text"] or "", s["image"]): s for r in rows for s in [r["query"]] + r["candidates"]}
-            items += list(distinct.values())
-            references += sum(1 + len(r["candidates"]) for r in rows)
-        row["dedup_factor"] = references / len(items)
-        items = random.Random(seed).sample(items, min(eval_items, len(items)))
+    print("6. evaluation: Embedder.encode", flush=True)
+    items, dedup_factor = synthetic.eval_items(toy, eval_items, num_hard_negatives, max_pixels, seed)
+    row = {"name": "eval"} if dedup_factor is None else {"name": "eval", "dedup_factor": dedup_factor}
     start = clock(device)
     embedder.encode(items, batch_size=16, num_workers=num_workers)
     row.update(items=len(items), items_per_s=len(items) / (clock(device) - start))
@@ -426,123 +385,84 @@ def measure_eval(results, embedder, toy, device):
 # -----------------------------------------------------------------------------
 # the model, its two stages, the process group
 
-def init_device():
-    """The device, from configurator.compute_init as train.py takes it. --fsdp=True outside torchrun first sets the
-    environment of a one-rank torchrun job on a free local port, so that it joins a process group (NCCL on CUDA,
-    gloo on CPU)."""
-    if fsdp and "RANK" not in os.environ:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    return compute_init(device)[3]
+def shard(models, ptdtype, results):
+    """FSDP2 exactly as train.py shards: its own fully_shard_embedder, bound to each model; the header says so."""
+    from torch.distributed.tensor import DTensor
+    for model in models:
+        fully_shard_embedder, = train_functions(["fully_shard_embedder"], dict(
+            torch=torch, embedder=model, language_model=model.model.language_model, ptdtype=ptdtype))
+        fully_shard_embedder()
+    sharding = results.data["header"]["sharding"] = {
+        "backend": dist.get_backend(), "world_size": dist.get_world_size(),
+        "dtensor_parameters": all(isinstance(p, DTensor) for m in models for p in m.parameters())}
+    print(f"FSDP2 (train.py's fully_shard_embedder): {sharding}; sections step and cut only", flush=True)
+    results.write()
 
 
-def load(folder, checkpoint, mix_preprocessor, device):
-    """The model and enough training items for either batch: the tiny checkpoint and the toy data, or a random
-    real shape and the MMEB-shaped mix. -> (embedder on the device, the items' preprocessor, items, the toy's
-    paths or None, the toy TrainDataset or None)"""
-    count = max(batch_size, grad_cache_batch)
-    if real_shape:
-        embedder = random_embedder(shape, mix_preprocessor, device)
-        return embedder, mix_preprocessor, mix_items(mix_preprocessor, count), None, None
-    toy = prepare(os.path.join(folder, "shapes"), seed=seed, num_train=400)  # 10 batches of 32 for the padding
-    embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)  # config/shapes_stage1.py
-    rows = data.load_train_rows(toy["train"], toy["images"], num_hard_negatives, seed=seed)
-    dataset = data.TrainDataset(rows, embedder.preprocessor)
-    return embedder.to(device), embedder.preprocessor, [dataset[i] for i in range(count)], toy, dataset
-
-
-def stage_models(embedder):
-    """Stage I: LoRA adapters on the language model, the only trainable parameters; Stage II: a copy with the
-    adapters merged in and the whole language model trainable. Both in training mode. -> (Stage I, Stage II)"""
-    if activation_checkpointing:
-        embedder.enable_activation_checkpointing()
-    lora.inject_lora(embedder.model, lora_rank, 2 * lora_rank)
-    merged = copy.deepcopy(embedder)
-    lora.merge_lora(merged.model)
-    merged.requires_grad_(False)
-    merged.model.language_model.requires_grad_(True)  # the vision tower stays frozen
-    return embedder.train(), merged.train()
-
-
-def shard(embedder, ptdtype):
-    """FSDP2 exactly as train.py shards: its own fully_shard_embedder, bound to this model."""
-    fully_shard_embedder, = train_functions(["fully_shard_embedder"], dict(
-        torch=torch, embedder=embedder, language_model=embedder.model.language_model, ptdtype=ptdtype))
-    fully_shard_embedder()
+def train_stages(models, device, autocast):
+    """Each stage's name, AdamW (train.py's adamw_options) and train.py's step code, plain and with GradCache.
+    -> [(name, optimizer, {grad_cache: code})]"""
+    adamw_options, = train_functions(["adamw_options"], {})
+    stages = []
+    for (name, loss_args, learning_rate), model in zip(STAGES, models):
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=0.0,
+                                      **adamw_options(torch.__version__, device.type, fsdp))
+        stages.append((name, optimizer, {grad_cache: training_code(model, trainable, loss_args, grad_cache, fsdp,
+                                                                    device, autocast) for grad_cache in (False, True)}))
+    return stages
 
 
 def main():
     """Build the model, its two stages and the batches, then measure the wanted sections in order."""
     if real_shape and shape not in synthetic.SHAPES:
         raise ValueError(f"shape must be 'tiny' or one of {sorted(synthetic.SHAPES)}, got {shape!r}")
-    device_ = init_device()
-    if device_.type == "cpu" and threads:
+    if fsdp and "RANK" not in os.environ:  # outside torchrun: join a one-rank process group, as train.py's ranks do
+        synthetic.one_rank_torchrun()
+    run_device = compute_init(device)[3]  # as train.py takes it (NCCL on CUDA, gloo on CPU)
+    if run_device.type == "cpu" and threads:
         torch.set_num_threads(threads)
     ptdtype = getattr(torch, dtype)  # 'float32' or 'bfloat16'; under FSDP2 its MixedPrecisionPolicy casts instead
-    autocast = torch.autocast(device_.type, dtype=ptdtype) if ptdtype != torch.float32 and not fsdp else nullcontext()
+    autocast = torch.autocast(run_device.type, dtype=ptdtype) if ptdtype != torch.float32 and not fsdp else nullcontext()
     wanted = set(sections.split(",")) & {"step", "cut"} if fsdp else set(sections.split(","))
     temporary = tempfile.TemporaryDirectory(prefix="pace_bench_", ignore_cleanup_errors=True)  # removed at exit
     torch.manual_seed(seed)
     checkpoint = make_tiny_checkpoint(os.path.join(temporary.name, "tiny"), seed=seed)
     mix_preprocessor = Preprocessor.from_pretrained(checkpoint, min_pixels=synthetic.MIN_PIXELS, max_pixels=max_pixels)
     results = Results(out, compare)
-    info = results.data["header"] = header(device_)
-    print(f"PACE bench | {shape} | {info['machine']} | {device_} {dtype} | torch {info['torch']} | "
+    info = results.data["header"] = header(run_device)
+    print(f"PACE bench | {shape} | {info['machine']} | {run_device} {dtype} | torch {info['torch']} | "
           f"transformers {info['transformers']} | commit {info['commit']} | {info['date']}\n{info['kernels']}")
-    embedder, preprocessor, items, toy, toy_dataset = load(temporary.name, checkpoint, mix_preprocessor, device_)
-    models = stage_models(embedder)
+    count = max(batch_size, grad_cache_batch)  # items enough for either batch
+    if real_shape:  # random weights in a real shape, the MMEB-shaped mix
+        embedder, toy, toy_dataset = synthetic.random_embedder(shape, mix_preprocessor, run_device), None, None
+        items = synthetic.mix_items(mix_preprocessor, count, num_hard_negatives, max_pixels, seed, num_workers)
+    else:  # the tiny checkpoint, the toy data
+        embedder, toy, toy_dataset = synthetic.toy_data(temporary.name, checkpoint, num_hard_negatives, seed)
+        items = [toy_dataset[i] for i in range(count)]
+    models = synthetic.stage_models(embedder.to(run_device), lora_rank, activation_checkpointing)
     if fsdp:
-        from torch.distributed.tensor import DTensor
-        for model in models:
-            shard(model, ptdtype)
-        info["sharding"] = {"backend": dist.get_backend(), "world_size": dist.get_world_size(),
-                        "dtensor_parameters": all(isinstance(p, DTensor) for m in models for p in m.parameters())}
-        print(f"FSDP2 (train.py's fully_shard_embedder): {info['sharding']}; sections step and cut only", flush=True)
-        results.write()
-    adamw_options, = train_functions(["adamw_options"], {})
-    stages = []  # (name, model, optimizer, {grad_cache: train.py's step code})
-    for (name, loss_args, learning_rate), model in zip(STAGES, models):
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=0.0,
-                                      **adamw_options(torch.__version__, device_.type, fsdp))
-        stages.append((name, model, optimizer, {grad_cache: training_code(model, trainable, loss_args, grad_cache,
-                                                                           fsdp, device_, autocast)
-                                                for grad_cache in (False, True)}))
-    batches = {False: collate(preprocessor, items[:batch_size], micro_batch),  # without GradCache
-               True: collate(preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # and with it
+        shard(models, ptdtype, results)
+    stages = train_stages(models, run_device, autocast)
+    batches = {False: synthetic.collate(embedder.preprocessor, items[:batch_size], micro_batch),  # without GradCache
+               True: synthetic.collate(embedder.preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # with it
 
     if "step" in wanted:
-        print(f"1. training step / floor (the embedder's forward + backward of the same chunks); median of {iters} "
-              f"rounds after {warmup}; goal <= 1.10 (GradCache: against its own floor)", flush=True)
-        for name, model, optimizer, code in stages:
-            for grad_cache in (False, True):
-                row = name + (" + GradCache" if grad_cache else "")
-                attempt(results, "step", row, measure_step, row, code[grad_cache], optimizer, batches[grad_cache],
-                        grad_cache, model is models[1])  # Stage II fine-tunes the whole language model
-            optimizer.zero_grad(set_to_none=True)  # what a last row that ran out of memory left
+        measure_steps(results, stages, batches)
     if "padding" in wanted:
         measure_padding(results, toy_dataset)
-    if "cut" in wanted:
-        rows = items[:batch_size] if real_shape else mix_items(mix_preprocessor, batch_size)
-        print(f"3. cut: the plain step on {batch_size} MMEB-shaped rows, micro_batch {micro_batch}: the least-padding "
-              f"cut (data.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
-        for name, model, optimizer, code in stages:
-            attempt(results, "cut", name, measure_cut, name, code[False], optimizer, rows, mix_preprocessor)
+    if "cut" in wanted:  # a real shape's items are the mix already
+        rows = items[:batch_size] if real_shape else synthetic.mix_items(
+            mix_preprocessor, batch_size, num_hard_negatives, max_pixels, seed, num_workers)
+        measure_cuts(results, stages, rows, mix_preprocessor)
     merged = models[1].requires_grad_(False)  # from here on Stage II's model is frozen
     if "lora" in wanted:
-        print("4. LoRA: adapted / merged, forward + backward of the same chunks", flush=True)
-        frozen = training_code(merged, [], STAGES[1][1], False, fsdp, device_, autocast)
-        attempt(results, "lora", "lora", measure_lora, stages[0][3][False], frozen, batches[False])
+        frozen = training_code(merged, [], STAGES[1][1], False, fsdp, run_device, autocast)
+        attempt(results, "lora", "lora", measure_lora, stages[0][2][False], frozen, batches[False])
     if "data" in wanted:
-        print("5. data loading: TrainDataset + collate_train in one process, as one DataLoader worker", flush=True)
-        stage1 = [r for r in results.data.get("step", []) if r["name"] == STAGES[0][0] and "step_s" in r]
-        measure_data(results, mix_preprocessor, os.path.join(temporary.name, "jpegs"),
-                     stage1[0]["step_s"] if stage1 and real_shape else None)
+        measure_data(results, mix_preprocessor, os.path.join(temporary.name, "jpegs"))
     if "eval" in wanted:
-        print("6. evaluation: Embedder.encode", flush=True)
-        attempt(results, "eval", "eval", measure_eval, merged.to(ptdtype), toy, device_)  # eval.py's compute dtype
+        attempt(results, "eval", "eval", measure_eval, merged.to(ptdtype), toy, run_device)  # eval.py's compute dtype
     if fsdp:
         dist.barrier()
         dist.destroy_process_group()

@@ -1,19 +1,28 @@
 """
-bench/synthetic.py: what bench.py measures on where there is no real data or checkpoint: random Qwen3.5 models
-in the released shapes, a length mix shaped like MMEB-train, and JPEG files.
+bench/synthetic.py: what bench.py measures on, built apart from the measuring: where there is no real data or
+checkpoint, random Qwen3.5 models in the released shapes, a length mix shaped like MMEB-train and JPEG files; the two
+stages' models; a one-rank torchrun environment; the toy data loaded; and the batches under the cuts it compares.
 
     rows = mix_rows(random.Random(0), 32, num_negatives=5, max_pixels=1605632)   # lengths and image sizes
     item = mix_item(rows, preprocessor, seed=0, i=0)                             # row 0 as a TrainDataset item
     embedder = random_embedder("qwen3.5-0.8b", preprocessor, torch.device("cuda"))
+    batch = collate(preprocessor, items, 32, CUTS["sorted, equal chunks"])      # collate_train under the simple rule
 """
+import copy
+import functools
 import math
 import os
 import random
+import socket
+from unittest import mock
 
 import numpy as np
 import torch
 from PIL import Image
 
+import data
+import lora
+import mmeb
 from model import Embedder, smart_resize
 
 # Qwen3.5-0.8B-Base and Qwen3.5-2B-Base as released (model type qwen3_5), read off public copies of the release
@@ -33,7 +42,7 @@ SHARED_TEXT = dict(  # both sizes: 24 layers, 3 Gated DeltaNet : 1 full attentio
 SHARED_VISION = dict(patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304)
 MIN_PIXELS = 65536  # the Qwen3-VL / Qwen3.5 release image processors' shortest_edge
 
-# A synthetic length mix shaped like MMEB-train (PACE.md): per task family its share of rows, and for the query and
+# A synthetic length mix shaped like MMEB-train (the paper trains on MMEB-style data): per task family its share of rows, and for the query and
 # for every candidate (positive and negatives alike) a text length range in tokens and an image kind. 'full' images:
 # log-uniform areas from 224^2 to max_pixels (photos, charts, documents); 'crop' images (grounding candidates) from
 # 56^2 to 224^2, which the resize raises to MIN_PIXELS.
@@ -96,6 +105,27 @@ def mix_item(rows, preprocessor, seed, i):
             "skipped": []}
 
 
+def mix_items(preprocessor, count, num_negatives, max_pixels, seed, num_workers):
+    """`count` rows of the mix as TrainDataset items, made in num_workers DataLoader workers."""
+    rows = mix_rows(random.Random(seed), count, num_negatives, max_pixels)
+    return list(torch.utils.data.DataLoader(range(count), batch_size=None, num_workers=num_workers,
+                                            collate_fn=functools.partial(mix_item, rows, preprocessor, seed)))
+
+
+def mix_train_rows(rng, num_rows, num_negatives, max_pixels, jpegs=()):
+    """Rows of the mix as data.load_train_rows gives them: {"query": side, "candidates": [positive, negatives]},
+    each side an Embedder item (side_item: a JPEG of `jpegs` or an in-memory image)."""
+    side = lambda spec: side_item(rng, spec, jpegs)  # noqa: E731
+    return [{"query": side(r["query"]), "candidates": [side(c) for c in r["candidates"]]}
+            for r in mix_rows(rng, num_rows, num_negatives, max_pixels)]
+
+
+def jpeg_rows(folder, num_rows, num_negatives, max_pixels, seed):
+    """Rows of the mix (mix_train_rows) whose images are 48 JPEG files written into folder."""
+    rng = random.Random(seed)
+    return mix_train_rows(rng, num_rows, num_negatives, max_pixels, write_jpegs(folder, rng, 48))
+
+
 def write_jpegs(folder, rng, count):
     """JPEGs of a few hundred pixels a side (256 to 768): smooth colour fields with noise, quality 90. -> paths"""
     os.makedirs(folder, exist_ok=True)
@@ -108,6 +138,9 @@ def write_jpegs(folder, rng, count):
         Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(os.path.join(folder, f"{k:03d}.jpg"), quality=90)
     return [os.path.join(folder, f"{k:03d}.jpg") for k in range(count)]
 
+
+# -----------------------------------------------------------------------------
+# the models measured, and the process group they run in
 
 def random_embedder(shape, preprocessor, device):
     """A randomly initialised Qwen3_5Model in a released shape (a key of SHAPES), built directly on the device
@@ -122,3 +155,101 @@ def random_embedder(shape, preprocessor, device):
     with torch.device(device):
         model = Qwen3_5Model._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     return Embedder(model, preprocessor)
+
+
+def stage_models(embedder, lora_rank, activation_checkpointing):
+    """Stage I: LoRA adapters (alpha = 2 * rank) on the language model, the only trainable parameters; Stage II: a
+    copy with the adapters merged in and the whole language model trainable. Both in training mode.
+    -> (Stage I, Stage II)"""
+    if activation_checkpointing:
+        embedder.enable_activation_checkpointing()
+    lora.inject_lora(embedder.model, lora_rank, 2 * lora_rank)
+    merged = copy.deepcopy(embedder)
+    lora.merge_lora(merged.model)
+    merged.requires_grad_(False)
+    merged.model.language_model.requires_grad_(True)  # the vision tower stays frozen
+    return embedder.train(), merged.train()
+
+
+def one_rank_torchrun():
+    """The environment of a one-rank torchrun job on a free local port, for a process started without torchrun,
+    so that configurator.compute_init joins a process group (NCCL on CUDA, gloo on CPU)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+
+
+# -----------------------------------------------------------------------------
+# the toy data (data/shapes), and the lengths the padding is counted on
+
+def toy_data(folder, checkpoint, num_negatives, seed):
+    """The toy benchmark written into folder, and the tiny checkpoint at the toy config's sizes
+    (config/shapes_stage1.py). -> (Embedder on the CPU, prepare's paths, the training rows as a TrainDataset)"""
+    from prepare import prepare  # data/shapes/prepare.py, on the path that bench.py sets
+    toy = prepare(os.path.join(folder, "shapes"), seed=seed, num_train=400)  # 10 batches of 32 for the padding
+    embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)
+    rows = data.load_train_rows(toy["train"], toy["images"], num_negatives, seed=seed)
+    return embedder, toy, data.TrainDataset(rows, embedder.preprocessor)
+
+
+def eval_items(toy, count, num_negatives, max_pixels, seed):
+    """Items to encode: with the toy data's paths, a seeded sample of `count` of the distinct (text, image) items of
+    each evaluation dataset, counted as eval.distinct_items counts them; else the sides of count // (2 + K) rows
+    of the mix. -> (items, references / distinct items on the toy data, else None)"""
+    if not toy:
+        rows = mix_train_rows(random.Random(seed + 1), count // (2 + num_negatives), num_negatives, max_pixels)
+        return [side for r in rows for side in [r["query"]] + r["candidates"]], None
+    items, references = [], 0
+    for name in mmeb.find_mmeb_datasets(toy["eval"])[0]:
+        rows = mmeb.read_mmeb_dataset(os.path.join(toy["eval"], name), toy["images"])
+        distinct = {(s["text"] or "", s["image"]): s for r in rows for s in [r["query"]] + r["candidates"]}
+        items += list(distinct.values())
+        references += sum(1 + len(r["candidates"]) for r in rows)  # a query and its candidates, each row
+    return random.Random(seed).sample(items, min(count, len(items))), references / len(items)
+
+
+def side_lengths(rows, length):
+    """A batch's rows -> [query lengths, candidate lengths]: the positives, then the negatives, in collate_train's
+    order. length: a side -> its tokens."""
+    return [[length(r["query"]) for r in rows],
+            [length(r["candidates"][0]) for r in rows] + [length(c) for r in rows for c in r["candidates"][1:]]]
+
+
+def padding_batches(toy_dataset, num_negatives, max_pixels, seed):
+    """Batches of 32 rows (the paper's batch a GPU) as side_lengths: 10 of the toy data as its sampler draws them
+    (when toy_dataset is given), then 100 of the mix. -> {"toy": batches, "mix": batches}"""
+    batches = {}
+    if toy_dataset:
+        sampler = iter(data.ShardedBatchSampler(len(toy_dataset), 32, seed=seed))
+        batches["toy"] = [side_lengths([toy_dataset[i] for i in next(sampler)], lambda f: len(f["input_ids"]))
+                          for _ in range(10)]
+    mix = mix_rows(random.Random(seed), 100 * 32, num_negatives, max_pixels)
+    length = functools.partial(side_tokens, max_pixels=max_pixels)
+    batches["mix"] = [side_lengths(mix[i:i + 32], length) for i in range(0, len(mix), 32)]
+    return batches
+
+
+# -----------------------------------------------------------------------------
+# batches: the two cuts
+
+def equal_chunks(lengths, max_items, sort=True):
+    """The simple rule: ceil(n / max_items) chunks of near-equal size (one chunk with max_items None), of the
+    items sorted longest first, or in the batch's own order. -> list of index lists, as data.split_by_length"""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: -lengths[i]) if sort else list(range(n))
+    count = -(-n // max_items) if max_items else 1
+    bounds = [-(-k * n // count) for k in range(count + 1)]  # ceil(k n / count): sizes differ by one at most
+    return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+CUTS = {"batch order": functools.partial(equal_chunks, sort=False), "sorted, equal chunks": equal_chunks,
+        "least padding": data.split_by_length}  # name -> cut(lengths, max_items)
+
+
+def collate(preprocessor, items, max_items, cut=data.split_by_length):
+    """data.collate_train's batch of these items (CPU tensors, as train.py's DataLoader gives them), with `cut` in
+    place of data.split_by_length while it runs: the same collation, only the cut differs."""
+    with mock.patch.object(data, "split_by_length", cut):
+        return data.collate_train(preprocessor, max_items)(items)
+

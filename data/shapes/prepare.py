@@ -164,59 +164,76 @@ def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_h
                 crops[obj] = f"{folder}/{i:05d}_{obj[3]}.png"
                 image.crop(cell_box(obj[3], image_size)).save(os.path.join(image_dir, crops[obj]), compress_level=1)
         scenes.append((scene, target, path, crops, caption(scene), {o[:2] for o in scene}))
-
-    def shuffled(items):
-        items = list(items)
-        rng.shuffle(items)
-        return items
-
     examples = []
-    for i, (scene, target, path, crops, text, combos) in enumerate(scenes):
-        colour, shape, size, cell = target
-        if task == "CLS":
-            query = (f"<|image_1|>\n{QUESTION} What colour and shape is the object?", path)
-            gold = (label(target), "")
-            others = [c for c in sorted(allowed) if c != target[:2]]
-            near = [c for c in others if c[0] == colour or c[1] == shape]  # one attribute right
-            hard = [(f"{c} {s}", "") for c, s in shuffled(near) + shuffled(c for c in others if c not in near)]
-        elif task == "VQA":
-            kind = rng.choice(["colour", "shape", "where"])
-            question, answer, options = {
-                "colour": (f"What colour is the {shape}?", colour, list(COLOURS)),
-                "shape": (f"What shape is the {colour} object?", shape, list(SHAPES)),
-                "where": (f"Where is the {colour} {shape}?", CELLS[cell], list(CELLS))}[kind]
-            query = (f"<|image_1|>\n{QUESTION} {question}", path)
-            gold = (answer, "")
-            rest = set(COLOURS) | set(SHAPES) | set(CELLS)
-            hard = [(option, "") for option in shuffled(o for o in options if o != answer)
-                    + shuffled(sorted(rest - set(options)))]  # answers of the asked kind first
-        elif task == "T2I":
-            query = (f"{TEXT_TO_IMAGE} {text}", "")
-            gold = (IMAGE_CANDIDATE, path)
-            # other scenes, those sharing the most colour-shape pairs first (ties in random order)
-            others = shuffled(k for k in range(count) if scenes[k][4] != text)
-            others.sort(key=lambda k: -len(scenes[k][5] & combos))
-            hard = [(IMAGE_CANDIDATE, scenes[k][2]) for k in others]
-        elif task == "I2T":
-            query = (f"<|image_1|>\n{IMAGE_TO_TEXT}", path)
-            gold = (text, "")
-            hard = [(t, "") for t in perturbed_captions(rng, scene, allowed)]
-            if not hardest:  # the pool also holds the captions of other scenes
-                hard += [(scenes[k][4], "") for k in range(count) if scenes[k][4] != text]
-        else:  # GRD: the target's crop; the other objects' crops, then crops of other scenes
-            query = (f"<|image_1|>\n{GROUNDING} {label(target)}", path)
-            gold = (CROP_CANDIDATE, crops[target])
-            hard = [(CROP_CANDIDATE, crops[obj]) for obj in scene if obj != target]
-            for k in shuffled(k for k in range(count) if k != i):
-                hard += [(CROP_CANDIDATE, crop) for obj, crop in scenes[k][3].items() if obj[:2] != target[:2]]
-                if hardest and len(hard) >= num_hard:
-                    break
+    for i in range(count):
+        query, gold, hard = TASK_EXAMPLE[task](rng, scenes, i, allowed, num_hard, hardest)
         hard = list(dict.fromkeys(hard))  # distinct (text, image) pairs, in order
         if len(hard) < num_hard:
             raise ValueError(f"{folder}: {len(hard)} distinct negatives for an example, {num_hard} needed; "
                              "raise num_train / num_eval or lower num_candidates")
         examples.append((query, gold, hard[:num_hard] if hardest else rng.sample(hard, num_hard)))
     return examples
+
+
+def shuffled(rng, items):
+    items = list(items)
+    rng.shuffle(items)
+    return items
+
+
+# one example of each task from scene i: -> (query (text, image), gold (text, image), negatives, hardest first)
+
+def classification_example(rng, scenes, i, allowed, num_hard, hardest):
+    _, target, path, _, _, _ = scenes[i]
+    query = (f"<|image_1|>\n{QUESTION} What colour and shape is the object?", path)
+    others = [c for c in sorted(allowed) if c != target[:2]]
+    near = [c for c in others if c[0] == target[0] or c[1] == target[1]]  # one attribute right
+    hard = [(f"{c} {s}", "") for c, s in shuffled(rng, near) + shuffled(rng, (c for c in others if c not in near))]
+    return query, (label(target), ""), hard
+
+
+def vqa_example(rng, scenes, i, allowed, num_hard, hardest):
+    _, (colour, shape, size, cell), path, _, _, _ = scenes[i]
+    kind = rng.choice(["colour", "shape", "where"])
+    question, answer, options = {
+        "colour": (f"What colour is the {shape}?", colour, list(COLOURS)),
+        "shape": (f"What shape is the {colour} object?", shape, list(SHAPES)),
+        "where": (f"Where is the {colour} {shape}?", CELLS[cell], list(CELLS))}[kind]
+    rest = set(COLOURS) | set(SHAPES) | set(CELLS)
+    hard = [(option, "") for option in shuffled(rng, (o for o in options if o != answer))
+            + shuffled(rng, sorted(rest - set(options)))]  # answers of the asked kind first
+    return (f"<|image_1|>\n{QUESTION} {question}", path), (answer, ""), hard
+
+
+def text_to_image_example(rng, scenes, i, allowed, num_hard, hardest):
+    _, _, path, _, text, combos = scenes[i]
+    # other scenes, those sharing the most colour-shape pairs first (ties in random order)
+    others = shuffled(rng, (k for k in range(len(scenes)) if scenes[k][4] != text))
+    others.sort(key=lambda k: -len(scenes[k][5] & combos))
+    return (f"{TEXT_TO_IMAGE} {text}", ""), (IMAGE_CANDIDATE, path), [(IMAGE_CANDIDATE, scenes[k][2]) for k in others]
+
+
+def image_to_text_example(rng, scenes, i, allowed, num_hard, hardest):
+    scene, _, path, _, text, _ = scenes[i]
+    hard = [(t, "") for t in perturbed_captions(rng, scene, allowed)]
+    if not hardest:  # the pool also holds the captions of other scenes
+        hard += [(scenes[k][4], "") for k in range(len(scenes)) if scenes[k][4] != text]
+    return (f"<|image_1|>\n{IMAGE_TO_TEXT}", path), (text, ""), hard
+
+
+def grounding_example(rng, scenes, i, allowed, num_hard, hardest):
+    """The target's crop; the other objects' crops, then crops of other scenes."""
+    scene, target, path, crops, _, _ = scenes[i]
+    hard = [(CROP_CANDIDATE, crops[obj]) for obj in scene if obj != target]
+    for k in shuffled(rng, (k for k in range(len(scenes)) if k != i)):
+        hard += [(CROP_CANDIDATE, crop) for obj, crop in scenes[k][3].items() if obj[:2] != target[:2]]
+        if hardest and len(hard) >= num_hard:
+            break
+    return (f"<|image_1|>\n{GROUNDING} {label(target)}", path), (CROP_CANDIDATE, crops[target]), hard
+
+
+TASK_EXAMPLE = {"CLS": classification_example, "VQA": vqa_example, "T2I": text_to_image_example,
+                "I2T": image_to_text_example, "GRD": grounding_example}
 
 
 # -----------------------------------------------------------------------------
