@@ -304,7 +304,8 @@ class TrainDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         skipped = []
-        for j in [(i + k) % len(self.rows) for k in range(len(self.rows))]:
+        for k in range(len(self.rows)):  # row i, else (with skip_bad_rows) the next one that decodes
+            j = (i + k) % len(self.rows)
             try:
                 return dict(self.prepare(self.rows[j]), row=j, skipped=skipped)
             except ValueError as error:
@@ -441,3 +442,45 @@ def _collate_train(items, preprocessor, max_items):
         "rows": torch.tensor([items[i]["row"] for i in query_order], dtype=torch.long),  # (n,)
         "skipped": [message for item in items for message in item["skipped"]],
     }
+
+
+# -----------------------------------------------------------------------------
+# batches of items, for model.Embedder.encode
+
+def prepared(index, item, function):
+    """function(text, image) of one item ({"text", "image"}), a ValueError naming the item if it is malformed
+    or function fails on it."""
+    if not isinstance(item, dict) or not ({"text", "image"} & set(item)):
+        raise ValueError(f"item {index}: expected a dict with 'text' and/or 'image', got {item!r:.80}")
+    text, image = item.get("text") or "", item.get("image")
+    try:
+        if not text.strip() and image is None:
+            raise ValueError("has no text and no image")
+        return function(text, image)
+    except ValueError as error:
+        raise ValueError(f"item {index}: {error}") from None
+
+
+class Items(torch.utils.data.Dataset):
+    """items[i] preprocessed (in a worker when num_workers > 0), for item_batches."""
+
+    def __init__(self, items, preprocessor):
+        self.items, self.preprocessor = items, preprocessor
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return prepared(i, self.items[i], self.preprocessor)
+
+
+def item_batches(items, preprocessor, batch_size, num_workers=0):
+    """Items ({"text", "image"} dicts) -> (indices, collated batch) pairs, batch_size items of about one length
+    each (sorted longest first, so an out-of-memory error shows at once), preprocessed in num_workers DataLoader
+    workers (0: in this process). An error names the item's index."""
+    lengths = [prepared(i, item, preprocessor.num_tokens) for i, item in enumerate(items)]
+    order = sorted(range(len(items)), key=lambda i: -lengths[i])
+    batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+    loader = torch.utils.data.DataLoader(Items(items, preprocessor), batch_sampler=batches, num_workers=num_workers,
+                                         collate_fn=preprocessor.collate)
+    return zip(batches, loader)

@@ -278,48 +278,6 @@ def mrope_positions(num_head, grid_h, grid_w, num_tail):
 
 
 # -----------------------------------------------------------------------------
-# batches of items for encode()
-
-def prepared(index, item, function):
-    """function(text, image) of one item ({"text", "image"}), a ValueError naming the item if it is malformed
-    or function fails on it."""
-    if not isinstance(item, dict) or not ({"text", "image"} & set(item)):
-        raise ValueError(f"item {index}: expected a dict with 'text' and/or 'image', got {item!r:.80}")
-    text, image = item.get("text") or "", item.get("image")
-    try:
-        if not text.strip() and image is None:
-            raise ValueError("has no text and no image")
-        return function(text, image)
-    except ValueError as error:
-        raise ValueError(f"item {index}: {error}") from None
-
-
-class ItemBatches(torch.utils.data.Dataset):
-    """Batch k of item_batches: preprocess its items (in a worker when num_workers > 0) and collate."""
-
-    def __init__(self, items, batches, preprocessor):
-        self.items, self.batches, self.preprocessor = items, batches, preprocessor
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __getitem__(self, k):
-        return self.preprocessor.collate([prepared(i, self.items[i], self.preprocessor) for i in self.batches[k]])
-
-
-def item_batches(items, preprocessor, batch_size, num_workers=0):
-    """Items ({"text", "image"} dicts) -> (indices, collated batch) pairs, batch_size items of about one length
-    each (sorted longest first, so an out-of-memory error shows at once), preprocessed in num_workers DataLoader
-    workers (0: in this process). An error names the item's index."""
-    lengths = [prepared(i, item, preprocessor.num_tokens) for i, item in enumerate(items)]
-    order = sorted(range(len(items)), key=lambda i: -lengths[i])
-    batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-    loader = torch.utils.data.DataLoader(ItemBatches(items, batches, preprocessor), batch_size=None,
-                                         num_workers=num_workers)
-    return zip(batches, loader)
-
-
-# -----------------------------------------------------------------------------
 # the embedder
 
 class Embedder(nn.Module):
@@ -387,13 +345,13 @@ class Embedder(nn.Module):
     @torch.no_grad()
     def encode(self, items, batch_size=16, num_workers=0, progress=""):
         """items: list of {"text": str, "image": path | PIL image | None} -> (N, D) float32, in input order.
-        Batches of items of about one length (item_batches); num_workers > 0 decodes images in worker
+        Batches of items of about one length (data.item_batches); num_workers > 0 decodes images in worker
         processes. progress: a label to print items done, items/s and time left under ('' prints nothing)."""
         was_training = self.training
         self.eval()
         out = torch.empty(len(items), self.dim)
         meter = configurator.Progress(len(items), progress) if progress else None
-        for indices, batch in item_batches(items, self.preprocessor, batch_size, num_workers):
+        for indices, batch in data.item_batches(items, self.preprocessor, batch_size, num_workers):
             out[indices] = self(**batch).cpu()
             if meter:
                 meter.update(len(indices))

@@ -238,6 +238,8 @@ print(f"{len(dataset):,} training rows, {sampler.batches_per_epoch:,} steps an e
 # -----------------------------------------------------------------------------
 # checkpoints: out_dir/step_NNNNNN (the format is in checkpoint.py)
 
+step, bad_steps_total, skipped_rows_total = 0, 0, 0  # the run's counters, saved with every checkpoint
+
 def save_checkpoint(step):
     """Each rank writes its shards and RNG state into step_NNNNNN.tmp; rank 0 records every file's size and
     checksum in pace.json and renames the folder, so a complete-looking checkpoint is a complete one."""
@@ -357,7 +359,6 @@ def clip_gradients():
 # -----------------------------------------------------------------------------
 # the loop
 
-step, bad_steps_total, skipped_rows_total = 0, 0, 0
 if resume_from:
     info = load_checkpoint(resume_from)
     step, bad_steps_total, skipped_rows_total = info["step"], info.get("bad_steps", 0), info.get("skipped_rows", 0)
