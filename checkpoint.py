@@ -159,6 +159,7 @@ def set_aside(out_dir, from_step):
     kept for a look, but no longer what --resume takes. -> the folders moved."""
     moved = [path for path in complete(out_dir) if read_info(path)["step"] >= from_step]
     for path in moved:
+        remove(path + ".suspect")  # a rerun that went wrong at the same step: its copy of the same weights
         os.replace(path, path + ".suspect")
     return moved
 
@@ -179,11 +180,11 @@ HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
                  "preprocessor_config.json", "video_preprocessor_config.json")
 
 
-def save_hf_folder(state_dict, backbone, out_dir, info, card=""):
+def save_hf_folder(state_dict, backbone, out_dir, info, card="", image_size=None):
     """Write a consolidated Embedder state_dict (keys "model.visual...", "model.language_model..."; LoRA already
     merged) as a Hugging Face folder in the release layout, so Embedder.from_pretrained and plain transformers
     (Qwen3_5ForConditionalGeneration) both load it, with pace.json and the model card `card` (README.md).
-    Atomic: written aside, then renamed."""
+    Atomic: written aside, then renamed. image_size: the image processor's size to record (its pixel budget)."""
     from safetensors.torch import save_file
     if any("lora_" in key for key in state_dict):
         raise ValueError("merge the LoRA adapters (lora.merge_lora) before saving a Hugging Face folder")
@@ -193,6 +194,12 @@ def save_hf_folder(state_dict, backbone, out_dir, info, card=""):
     for name in HF_SIDE_FILES:
         if os.path.isfile(os.path.join(backbone, name)):
             shutil.copy(os.path.join(backbone, name), tmp_dir)
+    if image_size:  # the pixel budget the model trained at ({"shortest_edge", "longest_edge"}), not the release's
+        path = os.path.join(tmp_dir, "preprocessor_config.json")
+        with open(path) as f:
+            processor = json.load(f)
+        with open(path, "w") as f:
+            json.dump(dict(processor, size=dict(image_size)), f, indent=2)
     tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
     save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp_dir, INFO), "w") as f:
@@ -207,8 +214,7 @@ def save_hf_folder(state_dict, backbone, out_dir, info, card=""):
 CARD = '''---
 library_name: transformers
 pipeline_tag: feature-extraction
-base_model: {base_model}
-tags: [multimodal-embedding, qwen3_5, pace]
+{base_model}tags: [multimodal-embedding, qwen3_5, pace]
 ---
 
 # {name}: a multimodal embedding model trained with PACE
@@ -218,9 +224,9 @@ go in; one vector comes out. Trained with PACE (Progressive Angular-to-Norm Cont
 trains LoRA adapters with cosine logits, Stage II merges them and fine-tunes the whole language model with
 dot-product logits; both weight each query by the Focal Embedding Loss. This checkpoint: {what}, step {step}.
 
-## Similarity: {similarity_words}
+## Similarity: {similarity}
 
-Rank candidates by the **{similarity_name}** of the query's and the candidates' embeddings. {similarity_why}
+Rank candidates by the **{similarity}** of the query's and the candidates' embeddings. {similarity_why}
 
 ## Prompt and pooling
 
@@ -243,10 +249,10 @@ description." or "Find the caption that best describes this image.".
 
 ```python
 import torch
-from transformers import AutoTokenizer, Qwen3_5Model
+from transformers import Qwen3_5Model, Qwen3_5Tokenizer  # transformers 5.17 or newer
 
 path = "{folder}"
-tokenizer = AutoTokenizer.from_pretrained(path)
+tokenizer = Qwen3_5Tokenizer.from_pretrained(path)
 model = Qwen3_5Model.from_pretrained(path).eval()
 
 def embed(text):
@@ -291,13 +297,14 @@ def model_card(info, folder):
             "warmup_ratio", "similarity", "temperature", "focal_gamma", "focal_temperature", "weighting", "lora_rank",
             "lora_alpha", "grad_cache_chunk", "instructions", "max_length", "max_pixels", "seed")
     training = "\n".join(f"| `{k}` | `{config[k]!r}` |" for k in keys if k in config)
-    backbone = info.get("backbone", "")
+    backbone = os.path.basename(os.path.normpath(info.get("backbone", "")))
+    trained = "dot-product" if dot else "cosine"
+    trained += " training of LoRA adapters (merged here)" if info.get("trained_lora_rank") else \
+        " training of the whole language model"
     return CARD.format(
-        base_model=os.path.basename(os.path.normpath(backbone)) or "Qwen3.5", name=os.path.basename(
-            os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=os.path.basename(backbone) or backbone,
-        what=("dot-product training with the whole language model" if dot and not info.get("lora_rank") else
-              "cosine training" if not dot else "dot-product training"), step=info.get("step", "?"),
-        similarity_words="dot product" if dot else "cosine", similarity_name="dot product" if dot else "cosine",
+        base_model=f"base_model: Qwen/{backbone}\n" if backbone.startswith("Qwen3.5-") else "",
+        name=os.path.basename(os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=backbone or "Qwen3.5",
+        what=trained, step=info.get("step", "?"), similarity="dot product" if dot else "cosine",
         similarity_why=("The norms carry meaning after Stage II: do not normalise the vectors." if dot else
                         "It was trained with cosine logits: normalise the vectors (or use cosine similarity)."),
         folder=folder, score_expression="query @ candidate" if dot else

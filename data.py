@@ -304,8 +304,8 @@ class TrainDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         skipped = []
-        for k in range(len(self.rows)):  # row i, else (with skip_bad_rows) the next one that decodes
-            j = (i + k) % len(self.rows)
+        for k in range(len(self.rows)):  # row i, else (with skip_bad_rows) the next one that decodes; that row may
+            j = (i + k) % len(self.rows)  # then be in the batch twice, its positive a false negative of its twin: rare
             try:
                 return dict(self.prepare(self.rows[j]), row=j, skipped=skipped)
             except ValueError as error:

@@ -73,6 +73,7 @@ sheet_top_k = 3  # candidates a sheet shows per query
 seed = 0  # seeds the geometry samples and the sheets' queries
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
 dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype of the model
+threads = 0  # torch threads on a CPU (0: torch's default)
 timeout_minutes = 10.0  # a collective that waits longer (a stopped or dead rank) ends the run
 wandb_log = False  # log the results to the W&B run of the checkpoint's out_dir
 wandb_project = "pace"  # W&B project
@@ -267,7 +268,9 @@ def geometry_summary(samples, max_points=5000, title=""):
     order = torch.randint(len(directions_c), (len(directions_q),), generator=torch.Generator().manual_seed(0))
     random_cos = (directions_q * directions_c[order]).sum(dim=1)  # (S,)
     log_product, cos_positive = pooled["log_norm_product"], pooled["cos_positive"]  # (P,), (P,)
-    standardised = (log_product - log_product.mean()) / log_product.std().clamp_min(1e-12)  # Fig. 4a's x axis
+    r = pearson(log_product, cos_positive)
+    # Fig. 4a's x axis; when every norm is the same (r undefined) there is nothing to standardise but rounding
+    standardised = torch.zeros_like(log_product) if r is None else (log_product - log_product.mean()) / log_product.std()
     points = torch.cat([directions_q, directions_c]).double()  # (N, D) on the unit sphere
     centred = points - points.mean(0)
     _, singular, v_transposed = torch.linalg.svd(centred, full_matrices=False)
@@ -276,7 +279,6 @@ def geometry_summary(samples, max_points=5000, title=""):
     norms = torch.cat([queries.norm(dim=1), candidates.norm(dim=1)])  # (N,) of the original embeddings
     percentile = (norms.argsort().argsort().double() / max(len(norms) - 1, 1)).tolist()  # (N,) in [0, 1]
     is_query = [i < len(queries) for i in range(len(points))]
-    r = pearson(log_product, cos_positive)
     keep = torch.randperm(len(log_product), generator=torch.Generator().manual_seed(1))[:max_points]
     summary = {"norm_cos_pearson_r": r, "num_matched_pairs": len(log_product),
                "random_pair_mean_cos": float(directions_q.mean(0) @ directions_c.mean(0)),
@@ -352,6 +354,8 @@ def which_datasets(log):
                                 "them, or pass --allow_missing_datasets=True to list them as omitted)")
     if empty:
         log(f"omitted, no Parquet files: {', '.join(empty)}")
+    if not set(names) - set(empty):
+        raise FileNotFoundError(f"no dataset with Parquet files to evaluate in {mmeb_dir}")
     return [n for n in names if n not in empty], empty
 
 
@@ -415,6 +419,8 @@ def main(args=None):
     config = configurator.configure(dict(DEFAULTS), sys.argv[1:] if args is None else args)
     globals().update(config)  # the config globals above, read by name as in train.py
     rank, _, world_size, run_device = compute_init(device, timeout_minutes)
+    if threads:
+        torch.set_num_threads(threads)
     log = print if rank == 0 else (lambda *a, **k: None)
     for key in ("init_from", "mmeb_dir"):
         if not config[key]:

@@ -80,10 +80,10 @@ PAPER_INSTRUCTIONS = {  # Table 5
 
 @functools.lru_cache(maxsize=None)
 def dataset_of(path):
-    """The MMEB dataset a file or folder belongs to: the nearest path part (or file stem) naming one, else None.
-    'MMEB-train/ImageNet_1K/original-00000.parquet' -> 'ImageNet-1K'."""
+    """The MMEB dataset a file or folder belongs to: its name (a file's without the suffix), its folder's or the one
+    above, the nearest naming one, else None. 'MMEB-train/ImageNet_1K/original-00000.parquet' -> 'ImageNet-1K'."""
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
-    for part in reversed(parts[:-1] + [os.path.splitext(parts[-1])[0]]):
+    for part in reversed(parts[-3:-1] + [os.path.splitext(parts[-1])[0]]):  # the name, its folder and theirs
         name = TRAIN_NAMES.get(part, part)
         if name in MMEB_TABLE:
             return name
@@ -135,9 +135,9 @@ def find_mmeb_datasets(mmeb_dir, image_dir=""):
             continue
         if parquet_files(folder):
             names.append(name)
-        elif not any(f.lower().endswith((".jpg", ".jpeg", ".png", ".zip")) for _, _, files in os.walk(folder)
-                     for f in files):
-            empty.append(name)
+        elif name in MMEB_TABLE or not any(f.lower().endswith((".jpg", ".jpeg", ".png", ".zip"))
+                                           for _, _, files in os.walk(folder) for f in files):
+            empty.append(name)  # a MMEB dataset's folder is never taken for an image folder
     return names, empty
 
 

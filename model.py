@@ -101,6 +101,11 @@ def image_size(image):
         raise ValueError(f"cannot read image {os.fspath(image)!r}: {error}") from None
 
 
+def image_name(image):
+    """How an error names an image: its path, quoted, or '(in memory)'."""
+    return repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else "(in memory)"
+
+
 def smart_resize(height, width, factor, min_pixels, max_pixels):
     """The size Qwen's image processor resizes to: sides multiples of `factor` (patch * merge), aspect
     ratio kept, pixel count within [min_pixels, max_pixels]."""
@@ -190,8 +195,7 @@ class Preprocessor:
             try:
                 grid_h, grid_w = self.image_grid(height, width)
             except ValueError as error:
-                raise ValueError(f"image {image if isinstance(image, (str, os.PathLike)) else '(in memory)'!r}: "
-                                 f"{error}") from None
+                raise ValueError(f"image {image_name(image)}: {error}") from None
             num_image_tokens = grid_h * grid_w // self.merge_size**2
         before, after = self.text_ids(text or "", image is not None, num_image_tokens)
         extra = num_image_tokens + 2 if image is not None else 0
@@ -210,8 +214,7 @@ class Preprocessor:
             try:
                 feature["pixel_values"], grid_h, grid_w = self.patches(loaded)
             except ValueError as error:  # e.g. an aspect ratio over 200
-                raise ValueError(f"image {image if isinstance(image, (str, os.PathLike)) else '(in memory)'!r}: "
-                                 f"{error}") from None
+                raise ValueError(f"image {image_name(image)}: {error}") from None
             feature["image_grid_thw"] = torch.tensor([[1, grid_h, grid_w]])  # (1, 3)
             num_image_tokens = grid_h * grid_w // self.merge_size**2
         before, after = self.text_ids(text, image is not None, num_image_tokens)
@@ -360,7 +363,7 @@ class Embedder(nn.Module):
 
     def enable_activation_checkpointing(self):
         """Recompute each decoder layer of the language model in backward (non-reentrant): less memory for
-        about a third more compute. activation_checkpointing_enable from transformers 5.24, the older
+        about a third more compute. activation_checkpointing_enable from transformers 5.23, the older
         gradient_checkpointing_enable before it."""
         language_model = self.model.language_model
         if hasattr(language_model, "activation_checkpointing_enable"):
@@ -377,8 +380,9 @@ def load_embedder(path, dtype=torch.float32, **preprocessor_args):
     """Any checkpoint this project meets -> (Embedder, info):
     - a Hugging Face folder (a release or an export/): loaded as is; info is its pace.json ({} for a release);
     - a training step folder (out_dir/step_NNNNNN of train.py): its files are verified against pace.json, the
-      backbone it names is loaded, LoRA adapters are injected if that run trained them, and the sharded weights
-      are read with torch.distributed.checkpoint (in one process, or on every rank alike).
+      backbone it names is loaded with the run's max_length and pixel budget, LoRA adapters are injected if that
+      run trained them, and the sharded weights are read with torch.distributed.checkpoint (in one process, or
+      on every rank alike).
     A step folder's .metadata is a pickle; it is read by checkpoint.load_state, which builds only the classes
     such a file holds, so a step folder from elsewhere cannot run code here. export/ (safetensors) is still the
     format to share: it needs neither this repository nor the backbone folder."""
@@ -395,7 +399,9 @@ def load_embedder(path, dtype=torch.float32, **preprocessor_args):
         raise FileNotFoundError(f"{path} was trained from the backbone {backbone!r}, which is not here: put it there "
                                 "(or a link to it), or export the run (train.py --resume=True --export_only=True)")
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-    embedder = Embedder.from_pretrained(backbone, dtype, **preprocessor_args)
+    run = info.get("config", {})  # the run's text and pixel budget, unless the caller sets them (as its export has)
+    trained = {"max_length": run.get("max_length"), "max_pixels": run.get("max_pixels"), "min_pixels": run.get("min_pixels")}
+    embedder = Embedder.from_pretrained(backbone, dtype, **{**{k: v for k, v in trained.items() if v}, **preprocessor_args})
     if info.get("lora_rank", 0) > 0:
         from lora import inject_lora
         inject_lora(embedder.model, info["lora_rank"], info["lora_alpha"])

@@ -390,20 +390,45 @@ CURVES = [  # panel title, the log.jsonl keys it draws, log scale
 
 def training_curves(log_paths, title=""):
     """train.py's log.jsonl files -> the CURVES panels against step; each file continues the one before (Stage II
-    after Stage I), a dashed line where it begins. A line that is not JSON (a run still writing) is skipped."""
-    records, marks, offset = [], [], 0
-    for k, path in enumerate(log_paths):
-        with open(path) as f:
-            lines = [json.loads(line) for line in f if line.strip().endswith("}")]
-        if k and lines:
-            marks.append((offset, os.path.basename(os.path.dirname(os.path.abspath(path)))))
-        records += [dict(r, step=r["step"] + offset) for r in lines]
-        offset = records[-1]["step"] if records else offset
+    after Stage I), a dashed line where it begins: at the step of the one before that it started from (its
+    config.json's init_from, e.g. Stage I's step_002000), the earlier run's later steps left out; else after
+    the earlier run's last step. A line that is not JSON (a run still writing) is skipped."""
+    records, marks = curve_records(log_paths)
     steps = [r["step"] for r in records]
     panels = [{"title": name, "log_y": log_y, "marks": marks,
                "series": [{"label": key, "x": steps, "y": [r.get(key, math.nan) for r in records]} for key in keys]}
               for name, keys, log_y in CURVES]
     return line_panels(panels, columns=4, title=title or " + ".join(log_paths))
+
+
+def curve_records(log_paths):
+    """-> (the runs' records on one step axis, [(step, run name)] where each later run begins)."""
+    records, marks, offset = [], [], 0
+    for k, path in enumerate(log_paths):
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip().endswith("}")]
+        if k and lines:
+            start = started_from(path, log_paths[k - 1])
+            if start is not None:  # cut the run before where this one branched off it
+                offset = offset - (records[-1]["step"] if records else 0) + start
+                records = [r for r in records if r["step"] <= offset]
+            marks.append((offset, os.path.basename(os.path.dirname(os.path.abspath(path)))))
+        records += [dict(r, step=r["step"] + offset) for r in lines]
+        offset = records[-1]["step"] if records else offset
+    return records, marks
+
+
+def started_from(log_path, earlier_log_path):
+    """The step of the earlier run that log_path's run started from (its init_from: a step folder of the earlier
+    run's out_dir), or None."""
+    config_path = os.path.join(os.path.dirname(log_path), "config.json")
+    if not os.path.isfile(config_path):
+        return None
+    with open(config_path) as f:
+        init_from = os.path.normpath(json.load(f).get("init_from", ""))
+    earlier = os.path.basename(os.path.dirname(os.path.abspath(earlier_log_path)))
+    name, parent = os.path.basename(init_from), os.path.basename(os.path.dirname(init_from))
+    return int(name[len("step_"):]) if name.startswith("step_") and name[5:].isdigit() and parent == earlier else None
 
 
 if __name__ == "__main__":

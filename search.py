@@ -26,13 +26,13 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 import configurator
 import plot
 from data import IMAGE_MARKER
+from loss import similarity_matrix
 from model import load_embedder
 
 # -----------------------------------------------------------------------------
@@ -168,10 +168,9 @@ def read_vectors(path):
 # ranking and showing
 
 def top(query_vectors, stored, ranking, k):
-    """-> (scores (Q, k), indices (Q, k)) of the k best stored vectors for each query, best first."""
-    if ranking == "cos":
-        query_vectors, stored = F.normalize(query_vectors, dim=1), F.normalize(stored, dim=1)
-    return torch.topk(query_vectors @ stored.T, min(k, len(stored)), dim=1)
+    """-> (scores (Q, k), indices (Q, k)) of the k best stored vectors for each query, best first: the scores
+    training used, eq. (1) or (2) (loss.similarity_matrix)."""
+    return torch.topk(similarity_matrix(query_vectors, stored, ranking), min(k, len(stored)), dim=1)
 
 
 def short(text, width=70):

@@ -104,6 +104,9 @@ for key, allowed in (("similarity", ("cos", "dot")), ("weighting", loss.WEIGHTIN
         raise ValueError(f"{key} must be one of {allowed}, got {config[key]!r}")
 if batch_size % world_size:
     raise ValueError(f"batch_size={batch_size} must split evenly over {world_size} ranks")
+for key in ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"):
+    if config[key] < 1:
+        raise ValueError(f"{key} must be at least 1, got {config[key]}")
 ptdtype = getattr(torch, dtype)
 if threads:
     torch.set_num_threads(threads)
@@ -245,6 +248,7 @@ def save_checkpoint(step):
     checksum in pace.json and renames the folder, so a complete-looking checkpoint is a complete one."""
     path = checkpoint.step_path(out_dir, step)
     tmp = path + ".tmp"
+    print(f"saving {path} ...", flush=True)  # minutes for a full model and its optimizer: not silence
     if master:
         checkpoint.remove(tmp)
         os.makedirs(tmp)
@@ -283,12 +287,14 @@ def load_checkpoint(path):
 
 def export(step):
     """out_dir/export/: the consolidated model with LoRA merged, as a Hugging Face folder with a model card."""
+    print(f"exporting {export_dir} ...", flush=True)
     state = get_model_state_dict(embedder, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master:
         state = lora.merge_lora_state_dict(state, lora_alpha / lora_rank if lora_rank > 0 else 0.0)
         info = {"step": step, "backbone": backbone, "similarity": similarity, "lora_rank": 0,
                 "trained_lora_rank": lora_rank, "config": config}
-        checkpoint.save_hf_folder(state, backbone, export_dir, info, checkpoint.model_card(info, export_dir))
+        checkpoint.save_hf_folder(state, backbone, export_dir, info, checkpoint.model_card(info, export_dir),
+                                  image_size=preprocessor.image_processor.size)  # the pixel budget it trained at
         print(f"exported {export_dir}")
     barrier()
 
@@ -368,9 +374,10 @@ if export_only:
     export(step)
     sys.exit(0)
 if master:  # log.jsonl holds this run's steps: a resumed run drops what came after its checkpoint
-    records = [line for line in open(log_path)] if resume_from and os.path.exists(log_path) else []
+    records = [json.loads(line) for line in open(log_path) if line.rstrip().endswith("}")] \
+        if resume_from and os.path.exists(log_path) else []  # a line cut short by the crash is dropped
     with open(log_path, "w") as f:
-        f.writelines(line for line in records if json.loads(line)["step"] <= step)
+        f.writelines(json.dumps(record) + "\n" for record in records if record["step"] <= step)
 if wandb_log and master:
     wandb = configurator.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
 
@@ -380,11 +387,9 @@ start = time.time()
 
 
 def log_step(step, stats, lr, grad_norm):
-    """One log line and one log.jsonl record, averaged over the steps since the last one."""
-    global skipped_rows_total
+    """One log line and one log.jsonl record: this step's loss and statistics, the throughput since the last."""
     now, skipped = time.time(), window["skipped_count"]
     interval, steps_done = now - window["start"], step - window["step"]
-    skipped_rows_total += skipped
     record = {"step": step, "time": now, "elapsed": now - start, "loss": stats["loss"], "lr": lr,
               "grad_norm": grad_norm, "tokens_per_s": window["tokens"] * world_size / interval,  # padding included
               "padding": 1 - window["real"] / max(window["tokens"], 1), "bad_steps": bad_steps_total,
@@ -411,7 +416,8 @@ def log_step(step, stats, lr, grad_norm):
 
 bad_in_row, first_bad = 0, 0
 embedder.train()
-loader = iter(torch.utils.data.DataLoader(dataset, **loader_args))  # endless: epochs follow each other
+# its own generator: making the iterator would otherwise draw from the global RNG, after a resume restored it
+loader = iter(torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(seed + rank), **loader_args))
 while step < max_iters:
     step += 1  # the number of this step, from 1, as every line and record shows it
     batch = next(loader)
@@ -442,6 +448,7 @@ while step < max_iters:
     if distributed:
         dist.all_reduce(counts)
     window["skipped_count"] += int(counts[0])
+    skipped_rows_total += int(counts[0])  # every step, so a checkpoint at any step saves it
     if step % log_interval == 0 or step in (1, max_iters) or counts[1] > 0:
         log_step(step, stats, lr, grad_norm)
     if bad_in_row >= max_bad_steps:

@@ -6,7 +6,7 @@
 init_from = "out/shapes_stage2/export"
 mmeb_dir = "data/shapes/eval"
 image_dir = "data/shapes/images"
-out = "out/shapes_eval.json"  # and out/shapes_eval_pca.png
+out = "out/shapes_eval.json"  # and out/shapes_eval_geometry.png
 batch_size = 32
 max_pixels = 128 * 128  # as in training (config/shapes_stage1.py)
 max_length = 512
@@ -14,3 +14,4 @@ geometry_samples = 1000  # the ten datasets' 100 queries each: every query
 dtype = "float32"
 device = "cpu"
 num_workers = 1
+threads = 1  # one torch thread: 2 are ~15 % faster on an idle 2-core machine and 15-70x slower on a busy one (README)

@@ -40,7 +40,7 @@ def test_a_224_pixel_image_is_raised_to_the_release_minimum():
     assert synthetic.side_tokens((5, (224, 224)), 1605632) == synthetic.TEMPLATE_TOKENS + 5 + 64 + 2
     assert synthetic.side_tokens((5, None), 1605632) == synthetic.TEMPLATE_TOKENS + 5
     assert bench.padded_size([10, 3, 7], [[0, 2], [1]]) == 2 * 10 + 3
-    assert bench.equal_chunks([1, 5, 3, 4, 2], 2) == [[1, 3], [2, 4], [0]]  # ceil(5 / 2) chunks, longest first
+    assert synthetic.equal_chunks([1, 5, 3, 4, 2], 2) == [[1, 3], [2, 4], [0]]  # ceil(5 / 2) chunks, longest first
 
 
 def test_padding_goal_on_the_mmeb_shaped_mix():

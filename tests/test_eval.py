@@ -296,7 +296,7 @@ def test_non_finite_embeddings_are_an_error_naming_the_dataset(tiny_embedder, se
         evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, "dot", label="Self")
 
 
-def test_rows_of_different_candidate_counts_are_reported(tiny_embedder, tmp_path, capsys):
+def test_rows_of_different_candidate_counts_are_reported(tiny_embedder, tmp_path):
     image_dir = tmp_path / "images"
     a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
     write_mmeb_dataset(tmp_path / "mmeb" / "Uneven", [(a, [b, c, d]), (b, [c, d]), (e, [a, b, c, d])])

@@ -188,3 +188,20 @@ def test_a_sheet_without_gold_keys_judges_nothing():
     judged = plot.retrieval_sheet([{"query": {"text": "q", "image": None},
                                     "results": [{"text": "a", "image": None, "score": 1.0, "gold": False}]}])
     assert not red_in(unjudged) and red_in(judged)  # a wrong #1 is red only when there is a gold to miss
+
+
+def test_stage_two_curves_start_where_stage_two_branched_off(tmp_path):
+    import json
+    for name, steps, init_from in (("stage1", range(1, 151), "backbone"), ("stage2", range(1, 51), "out/stage1/step_000100")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in steps)
+                                                   + '{"step": 51, "lo')  # a line still being written
+        (tmp_path / name / "config.json").write_text(json.dumps({"init_from": init_from}))
+    assert plot.started_from(str(tmp_path / "stage2" / "log.jsonl"), str(tmp_path / "stage1" / "log.jsonl")) == 100
+    assert plot.started_from(str(tmp_path / "stage1" / "log.jsonl"), str(tmp_path / "stage2" / "log.jsonl")) is None
+    logs = [str(tmp_path / "stage1" / "log.jsonl"), str(tmp_path / "stage2" / "log.jsonl")]
+    records, marks = plot.curve_records(logs)
+    assert [r["step"] for r in records] == list(range(1, 151)) and marks == [(100, "stage2")]
+    assert records[100]["loss"] == 1.0 and records[99]["loss"] == 1.0 / 100  # Stage II's step 1 at step 101
+    image = plot.training_curves(logs)
+    assert image.size == plot.grid_size(len(plot.CURVES), 4, (360, 240), "x")

@@ -388,3 +388,16 @@ def test_a_stopped_rank_ends_the_run_with_a_message_naming_it(toy, tmp_path):
     assert "error: rank 0: a collective waited longer than timeout_minutes for another rank; rank 1 does not answer" \
         in text, text[-4000:]
     assert time.time() - started < 120  # 6 s of timeout and 6 s of asking, not torch's default 30 minutes
+
+
+def test_resume_reproduces_a_run_that_draws_random_numbers(toy, tmp_path):
+    # weighting='random' draws every step's query weights from torch's RNG: the resumed run must draw what the
+    # straight run drew (the DataLoader has its own generator, so starting it takes nothing from that RNG)
+    out = str(tmp_path / "random")
+    straight = run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2", "--weighting='random'")
+    shutil.rmtree(os.path.join(out, "step_000004"))
+    shutil.rmtree(os.path.join(out, "export"))
+    again = run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2", "--weighting='random'", "--resume=True")
+    for step in (3, 4):
+        assert losses(again)[step] == pytest.approx(losses(straight)[step], rel=1e-6, abs=1e-7)
+        assert again[step - 1]["weight_max"] == pytest.approx(straight[step - 1]["weight_max"], rel=1e-6)

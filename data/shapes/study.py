@@ -1,0 +1,306 @@
+"""
+The toy study: PACE against the VLM2Vec baseline, direct dot-product training, its ablations and the reversed
+schedules on the shapes benchmark, over several seeds, in one command on 2 CPU cores: one table, one figure.
+
+    python data/shapes/study.py                                          # 3 seeds, about 20 minutes on 2 cores
+    python data/shapes/study.py --seeds=1337,1338,1339,1340,1341 --out_dir=out/study5
+    python data/shapes/study.py --methods=pace,vlm2vec --seeds=1337      # a subset
+
+Every method is run as the paper runs it, at the toy's scale, with the toy's recipe (config/shapes_stage1.py and
+shapes_stage2.py, read from those files): cosine logits at tau 0.1, dot-product logits at the toy's tau 6.4 (its
+norms are 8, so dot / 6.4 matches cos / 0.1 in scale), LoRA at lr 3e-3, full fine-tuning at lr 5e-4, focal gamma 2:
+
+    PACE                        Stage I cos + LoRA + focal; Stage II from its step --start_step: merged,
+                                full, dot, focal
+    VLM2Vec                     cos + LoRA + plain InfoNCE (gamma 0), one stage
+    direct dot                  dot + full fine-tuning from the backbone, gamma 0, one stage
+    PACE Stage I alone          PACE's Stage I run to its end, for the same steps as PACE's two stages
+    PACE w/o focal              both stages gamma 0 (Stage I: the VLM2Vec run's step --start_step, as in the paper)
+    PACE w/o dot                Stage II keeps cosine logits
+    PACE w/ Stage II LoRA       Stage II trains fresh LoRA on the merged model instead of the whole language model
+    reversed dot -> cos         Stage I dot + LoRA, then Stage II cos + full
+    reversed full -> LoRA       Stage I cos + full, then Stage II dot + LoRA
+
+Every method trains --start_step + --stage2_steps steps at --batch_size (a Stage I run is that long too; PACE's
+Stage II starts from its checkpoint at --start_step, before Stage I ends, as the paper's does) and is evaluated by
+eval.py on the toy's ten datasets, ranked with the similarity it was trained with. The seeds are train.py's seed
+(data order, LoRA init); the data and the tiny model are the same for every run (prepare.py's seed 0, written to
+--data_dir when missing), so the methods meet the same backbone and the same evaluation queries and the spread
+over seeds is that of training alone.
+
+It resumes: a training run whose export/ exists and an evaluation whose JSON exists are skipped, an interrupted
+training continues from its newest checkpoint (train.py --resume=True). Jobs run --parallel at a time, each with
+one torch thread. Measured on 2 cores: two one-thread jobs at once make 1.9x the steps of one alone and 1.6x those
+of one two-thread job; and a two-thread job on a busy machine is 15-70x slower, a one-thread job hardly at all.
+
+Written under --out_dir (default out/study):
+    seed<S>/stage1_<recipe>/, seed<S>/stage2_<method>/   train.py's out_dirs (checkpoints, log.jsonl, export/)
+    seed<S>/eval/<method>.json                           eval.py's results, with <method>_geometry.png beside
+    seed<S>/*.log, seed<S>/eval/*.log                    each job's output
+    results.md, results.json                             P@1 overall / IND / OOD, Pearson r of log norm product vs
+                                                         cosine, mean random-pair cosine: mean +- std over seeds
+    geometry.png                                         the geometry pictures of VLM2Vec, direct dot and PACE
+                                                         (the first seed), one row each
+    study.json                                           the scale, so a resumed study cannot mix two scales
+"""
+import argparse
+import json
+import os
+import runpy
+import statistics
+import subprocess
+import sys
+import time
+
+from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+import plot  # noqa: E402
+from configurator import duration  # noqa: E402
+
+# the toy's recipe, as its configs set it
+TOY_I = runpy.run_path(os.path.join(ROOT, "config", "shapes_stage1.py"))
+TOY_II = runpy.run_path(os.path.join(ROOT, "config", "shapes_stage2.py"))
+COS = {"similarity": "cos", "temperature": 0.1}  # eq. (1) at the paper's tau
+DOT = {"similarity": "dot", "temperature": TOY_II["temperature"]}  # eq. (2) at the toy's tau
+LORA = {"lora_rank": TOY_I["lora_rank"], "lora_alpha": TOY_I["lora_alpha"], "learning_rate": TOY_I["learning_rate"]}
+FULL = {"lora_rank": 0, "learning_rate": TOY_II["learning_rate"]}
+FOCAL, PLAIN = {"focal_gamma": 2.0}, {"focal_gamma": 0.0}
+
+STAGE_I = {  # Stage I runs, over config/shapes_stage1.py; PACE's and its variants' Stage II start from them
+    "cos_lora_focal": {**COS, **LORA, **FOCAL},  # PACE's Stage I
+    "cos_lora_plain": {**COS, **LORA, **PLAIN},  # VLM2Vec, and the Stage I of PACE w/o focal
+    "dot_full_plain": {**DOT, **FULL, **PLAIN},  # direct dot-product training
+    "dot_lora_focal": {**DOT, **LORA, **FOCAL},  # the reversed similarity schedule's Stage I
+    "cos_full_focal": {**COS, **FULL, **FOCAL},  # the reversed parameter schedule's Stage I
+}
+METHODS = {  # name: (label, its Stage I run, its Stage II settings over config/shapes_stage2.py, None: one stage)
+    "vlm2vec": ("VLM2Vec (cos, LoRA, InfoNCE)", "cos_lora_plain", None),
+    "direct_dot": ("direct dot (dot, full, InfoNCE)", "dot_full_plain", None),
+    "pace_stage1": ("PACE Stage I alone (cos, LoRA, focal)", "cos_lora_focal", None),
+    "pace": ("PACE", "cos_lora_focal", {**DOT, **FULL, **FOCAL}),
+    "no_focal": ("PACE w/o focal", "cos_lora_plain", {**DOT, **FULL, **PLAIN}),
+    "no_dot": ("PACE w/o dot (Stage II cos)", "cos_lora_focal", {**COS, **FULL, **FOCAL}),
+    "stage2_lora": ("PACE w/ Stage II LoRA", "cos_lora_focal", {**DOT, **LORA, **FOCAL}),
+    "dot_to_cos": ("reversed: dot + LoRA, then cos + full", "dot_lora_focal", {**COS, **FULL, **FOCAL}),
+    "full_to_lora": ("reversed: cos + full, then dot + LoRA", "cos_full_focal", {**DOT, **LORA, **FOCAL}),
+}
+FIGURE = ("vlm2vec", "direct_dot", "pace")  # cosine training, direct dot training, PACE
+METRICS = (("overall", "P@1 overall", 1), ("IND", "IND", 1), ("OOD", "OOD", 1),
+           ("norm_cos_pearson_r", "r(log norm product, cos)", 2), ("random_pair_mean_cos", "random-pair cos", 2))
+STARTUP_COST, EVAL_COST = 10, 25  # a process's start and an evaluation take about as long as this many steps
+
+
+def parse_args(argv=None):
+    """The command line (argv: a list, default sys.argv) -> its arguments, the folders made absolute."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    numbers = lambda text: [int(s) for s in text.split(",")]  # noqa: E731
+    parser.add_argument("--seeds", type=numbers, default=[1337, 1338, 1339], help="train.py seeds, comma-separated")
+    parser.add_argument("--methods", type=lambda text: text.split(","), default=list(METHODS),
+                        help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--out_dir", default=os.path.join(ROOT, "out", "study"))
+    parser.add_argument("--data_dir", default=os.path.dirname(os.path.abspath(__file__)),
+                        help="the toy data and tiny model (prepare.py writes them there when missing)")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--start_step", type=int, default=40, help="Stage II starts from this step of Stage I")
+    parser.add_argument("--stage2_steps", type=int, default=60, help="Stage II's steps; every method trains "
+                                                                     "start_step + stage2_steps in all")
+    parser.add_argument("--parallel", type=int, default=2, help="jobs at a time, one torch thread each")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    args.out_dir, args.data_dir = os.path.abspath(args.out_dir), os.path.abspath(args.data_dir)
+    return args
+
+
+# -----------------------------------------------------------------------------
+# the jobs: train.py and eval.py runs, each known done by the file it writes last
+
+def flag(key, value):
+    """A --key=value argument for train.py and eval.py (configurator.py reads the value as a Python literal)."""
+    return f"--{key}={value if isinstance(value, str) else repr(value)}"
+
+
+def train_job(name, config_file, out_dir, steps, settings, needs=()):
+    """A train.py run of `steps` steps into out_dir; done when its export/ is written."""
+    command = [sys.executable, "train.py", os.path.join("config", config_file)]
+    command += [flag(k, v) for k, v in {**settings, "out_dir": out_dir, "max_iters": steps}.items()]
+    return {"name": name, "command": command, "done": os.path.join(out_dir, "export", "pace.json"),
+            "needs": list(needs), "cost": steps + STARTUP_COST, "log": out_dir + ".log"}
+
+
+def eval_path(out_dir, seed, method):
+    """Where eval.py writes one seed's results for one method."""
+    return os.path.join(out_dir, f"seed{seed}", "eval", f"{method}.json")
+
+
+def seed_jobs(seed, args):
+    """One seed's jobs, Stage I runs first, then Stage II runs, then evaluations: dicts with name, command, done
+    (the file it writes last), needs (files it waits for), cost (for the time left) and log."""
+    folder, data = os.path.join(args.out_dir, f"seed{seed}"), lambda name: os.path.join(args.data_dir, name)
+    common = {"train_data": [data("train.jsonl")], "image_dir": data("images"), "batch_size": args.batch_size,
+              "seed": seed, "threads": 1, "resume": True, "checkpoint_interval": args.start_step}
+    stage1, stage2, evals = {}, {}, []
+    for method in args.methods:
+        _, recipe, second = METHODS[method]
+        final = os.path.join(folder, f"stage1_{recipe}")
+        stage1[recipe] = train_job(f"seed {seed} Stage I {recipe}", "shapes_stage1.py", final,
+                                   args.start_step + args.stage2_steps, {**common, **STAGE_I[recipe],
+                                   "init_from": data("tiny-qwen3.5"), "keep_checkpoints": [args.start_step]})
+        if second is not None:
+            start = os.path.join(final, f"step_{args.start_step:06d}")
+            final = os.path.join(folder, f"stage2_{method}")
+            stage2[method] = train_job(f"seed {seed} Stage II {method}", "shapes_stage2.py", final, args.stage2_steps,
+                                       {**common, **second, "init_from": start, "keep_checkpoints": []}, needs=[start])
+        out = eval_path(args.out_dir, seed, method)
+        command = [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"),
+                   flag("init_from", os.path.join(final, "export")), flag("mmeb_dir", data("eval")),
+                   flag("image_dir", data("images")), flag("out", out)]
+        evals.append({"name": f"seed {seed} eval {method}", "command": command, "done": out,
+                      "needs": [os.path.join(final, "export", "pace.json")], "cost": EVAL_COST,
+                      "log": os.path.splitext(out)[0] + ".log"})
+    return list(stage1.values()) + list(stage2.values()) + evals
+
+
+def run_jobs(jobs, parallel):
+    """Run the jobs whose file is missing, `parallel` at a time, each once the files it needs exist, printing
+    progress and the time left. A failed job stops the study; running it again resumes. -> jobs run"""
+    todo = [job for job in jobs if not os.path.exists(job["done"])]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs already done, {len(todo)} to run", flush=True)
+    running, start, done_cost, left_cost, count = [], time.time(), 0, sum(job["cost"] for job in todo), len(todo)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # eval.py has no threads key; its torch reads this
+    while todo or running:
+        for job in [job for job in todo if all(map(os.path.exists, job["needs"]))][:parallel - len(running)]:
+            todo.remove(job)
+            os.makedirs(os.path.dirname(job["log"]), exist_ok=True)
+            with open(job["log"], "w") as log:
+                running.append((subprocess.Popen(job["command"], cwd=ROOT, env=env, stdout=log,
+                                                 stderr=subprocess.STDOUT), job, time.time()))
+            print(f"start {job['name']} (output in {job['log']})", flush=True)
+        if not running:
+            raise SystemExit(f"error: {todo[0]['name']} needs {todo[0]['needs']}, which no job writes (runs made "
+                             "with another --start_step?)")
+        time.sleep(1)
+        for process, job, began in [entry for entry in running if entry[0].poll() is not None]:
+            running.remove((process, job, began))
+            if process.returncode or not os.path.exists(job["done"]):
+                for other, _, _ in running:
+                    other.terminate()
+                raise SystemExit(f"error: {job['name']} failed (exit {process.returncode}), see {job['log']}; "
+                                 "run the study again to resume")
+            done_cost, left_cost = done_cost + job["cost"], left_cost - job["cost"]
+            elapsed = time.time() - start
+            print(f"done {job['name']} in {duration(time.time() - began)} | {count - len(todo) - len(running)}/{count}"
+                  f" | {duration(elapsed)} elapsed, ~{duration(elapsed * left_cost / done_cost)} left", flush=True)
+    return count
+
+
+# -----------------------------------------------------------------------------
+# the table and the figure
+
+def metrics(result):
+    """eval.py's JSON -> the table's numbers; None where it has none (r when every norm is the same)."""
+    geometry = result.get("geometry") or {}
+    return {"overall": result["overall"], "IND": result["IND"], "OOD": result["OOD"],
+            "norm_cos_pearson_r": geometry.get("norm_cos_pearson_r"),
+            "random_pair_mean_cos": geometry.get("random_pair_mean_cos")}
+
+
+def mean_std(values):
+    """-> {"mean", "std", "n", "values"}: mean and sample standard deviation of the values that are not None
+    (std None for fewer than two, mean None for none)."""
+    kept = [v for v in values if v is not None]
+    return {"mean": statistics.mean(kept) if kept else None, "std": statistics.stdev(kept) if len(kept) > 1 else None,
+            "n": len(kept), "values": list(values)}
+
+
+def summarise(out_dir, seeds, methods):
+    """-> {method: {"label", "seeds": those evaluated, metric: mean_std(...)}} from the eval JSONs in out_dir."""
+    table = {}
+    for method in methods:
+        found = {}
+        for seed in seeds:
+            if os.path.isfile(eval_path(out_dir, seed, method)):
+                with open(eval_path(out_dir, seed, method)) as f:
+                    found[seed] = metrics(json.load(f))
+        table[method] = {"label": METHODS[method][0], "seeds": list(found),
+                         **{key: mean_std([m[key] for m in found.values()]) for key, _, _ in METRICS}}
+    return table
+
+
+def cell(stats, digits):
+    """'28.3 ± 1.2'; the mean alone from one value; '–' from none."""
+    if stats["mean"] is None:
+        return "–"
+    return f"{stats['mean']:.{digits}f}" + ("" if stats["std"] is None else f" ± {stats['std']:.{digits}f}")
+
+
+def markdown(table, scale):
+    """summarise()'s table as Markdown, a line on the scale above it and one on the geometry columns below."""
+    lines = [f"Toy study: every method trains {scale['start_step'] + scale['stage2_steps']} steps at batch "
+             f"{scale['batch_size']} (a Stage II: {scale['stage2_steps']} from Stage I's step {scale['start_step']}); "
+             "Precision@1 on the ten toy datasets (chance 10); mean ± sample standard deviation over the seeds.", "",
+             "| method | " + " | ".join(title for _, title, _ in METRICS) + " | seeds |",
+             "|---" * (len(METRICS) + 2) + "|"]
+    for row in table.values():
+        lines.append(f"| {row['label']} | " + " | ".join(cell(row[key], digits) for key, _, digits in METRICS)
+                     + f" | {len(row['seeds'])} |")
+    lines += ["", "r: Pearson r of the standardised log(|q| |c+|) against cos(q, c+) over matched pairs; '–' where "
+              "every embedding has the same norm. Random-pair cos: the mean cosine of random query-candidate pairs."]
+    return "\n".join(lines) + "\n"
+
+
+def figure(out_dir, seed, methods):
+    """geometry.png: eval.py's geometry pictures of FIGURE's methods for one seed, one row each; -> its path or None"""
+    rows = []
+    for method in (m for m in FIGURE if m in methods and os.path.isfile(eval_path(out_dir, seed, m))):
+        with open(eval_path(out_dir, seed, method)) as f:
+            rows.append((METHODS[method][0], Image.open(json.load(f)["geometry"]["png"])))
+    if not rows:
+        return None
+    return plot.save(plot.grid([image for _, image in rows], columns=1, titles=[label for label, _ in rows],
+                               title=f"toy evaluation geometry, seed {seed}"), os.path.join(out_dir, "geometry.png"))
+
+
+# -----------------------------------------------------------------------------
+
+def check_scale(out_dir, scale):
+    """Write out_dir/study.json, or check that the study there was made at this scale."""
+    path = os.path.join(out_dir, "study.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            earlier = json.load(f)
+        if earlier != scale:
+            raise SystemExit(f"error: {out_dir} holds a study at {earlier}, not {scale}: use another --out_dir")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(scale, f, indent=2)
+
+
+def main(argv=None):
+    """Prepare the data if missing, run the jobs not yet done, write the table and the figure."""
+    args = parse_args(argv)
+    scale = {"batch_size": args.batch_size, "start_step": args.start_step, "stage2_steps": args.stage2_steps,
+             "data_dir": args.data_dir}
+    check_scale(args.out_dir, scale)
+    start = time.time()
+    if not all(os.path.exists(os.path.join(args.data_dir, p)) for p in ("train.jsonl", "eval", "tiny-qwen3.5")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "data", "shapes", "prepare.py"),
+                        f"--out_dir={args.data_dir}"], check=True)
+    run_jobs([job for seed in args.seeds for job in seed_jobs(seed, args)], args.parallel)
+    table = summarise(args.out_dir, args.seeds, args.methods)
+    text = markdown(table, scale)
+    with open(os.path.join(args.out_dir, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
+        json.dump({"scale": scale, "seeds": args.seeds, "methods": table}, f, indent=2)
+    picture = figure(args.out_dir, args.seeds[0], args.methods)
+    print(text + f"\nwrote {os.path.join(args.out_dir, 'results.md')}, results.json" +
+          (f" and {picture}" if picture else "") + f"; {duration(time.time() - start)} this run", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""data/shapes/study.py's own logic: the table's arithmetic from fake eval JSONs, the jobs it skips and the order it
+runs the rest in (a fake process), and one tiny end-to-end study (PACE, one seed, 2 + 1 steps) that a second run
+skips entirely."""
+import json
+import os
+
+import pytest
+
+import study  # data/shapes, on sys.path through conftest.py
+
+
+def fake_eval(path, overall, ind, ood, r, cos):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"overall": overall, "IND": ind, "OOD": ood,
+                   "geometry": {"norm_cos_pearson_r": r, "random_pair_mean_cos": cos}}, f)
+
+
+def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
+    for seed, overall, r in ((1, 20.0, -0.5), (2, 30.0, None), (3, 40.0, -0.7)):
+        fake_eval(study.eval_path(str(tmp_path), seed, "pace"), overall, overall + 5, overall - 5, r, 0.1 * seed)
+        fake_eval(study.eval_path(str(tmp_path), seed, "vlm2vec"), 10.0, 10.0, 10.0, None, 0.5)
+    fake_eval(study.eval_path(str(tmp_path), 1, "direct_dot"), 15.0, 16.0, 14.0, -0.8, 0.9)  # one seed only
+    table = study.summarise(str(tmp_path), [1, 2, 3], ["pace", "vlm2vec", "direct_dot"])
+    pace = table["pace"]
+    assert pace["seeds"] == [1, 2, 3]
+    assert pace["overall"]["mean"] == pytest.approx(30.0) and pace["overall"]["std"] == pytest.approx(10.0)
+    assert pace["IND"]["mean"] == pytest.approx(35.0) and pace["OOD"]["mean"] == pytest.approx(25.0)
+    assert pace["norm_cos_pearson_r"]["n"] == 2 and pace["norm_cos_pearson_r"]["mean"] == pytest.approx(-0.6)
+    assert pace["random_pair_mean_cos"]["std"] == pytest.approx(0.1)
+    assert table["vlm2vec"]["overall"]["std"] == 0.0 and table["vlm2vec"]["norm_cos_pearson_r"]["mean"] is None
+    assert table["direct_dot"]["seeds"] == [1] and table["direct_dot"]["overall"]["std"] is None
+    text = study.markdown(table, {"batch_size": 16, "start_step": 40, "stage2_steps": 60})
+    assert "| PACE | 30.0 ± 10.0 | 35.0 ± 10.0 | 25.0 ± 10.0 | -0.60 ± 0.14 | 0.20 ± 0.10 | 3 |" in text
+    assert "| VLM2Vec (cos, LoRA, InfoNCE) | 10.0 ± 0.0 | 10.0 ± 0.0 | 10.0 ± 0.0 | – | 0.50 ± 0.00 | 3 |" in text
+    assert "| direct dot (dot, full, InfoNCE) | 15.0 | 16.0 | 14.0 | -0.80 | 0.90 | 1 |" in text
+
+
+def test_jobs_share_stage1_runs_and_follow_the_paper():
+    args = study.parse_args(["--seeds=5", "--out_dir=/tmp/study", "--data_dir=/tmp/shapes"])
+    jobs = study.seed_jobs(5, args)
+    assert len(jobs) == len(study.STAGE_I) + 6 + len(study.METHODS)  # shared Stage I runs, six Stage II, all evals
+    flags = {job["name"]: dict(a[2:].split("=", 1) for a in job["command"] if a.startswith("--")) for job in jobs}
+    pace_stage1, pace = flags["seed 5 Stage I cos_lora_focal"], flags["seed 5 Stage II pace"]
+    assert (pace_stage1["similarity"], pace_stage1["temperature"], pace_stage1["lora_rank"]) == ("cos", "0.1", "16")
+    assert (pace_stage1["max_iters"], pace_stage1["keep_checkpoints"], pace_stage1["seed"]) == ("100", "[40]", "5")
+    assert (pace["similarity"], pace["temperature"], pace["lora_rank"]) == ("dot", "6.4", "0")
+    assert (pace["learning_rate"], pace_stage1["learning_rate"]) == ("0.0005", "0.003")  # full vs LoRA, as the toy
+    assert pace["init_from"].endswith("stage1_cos_lora_focal/step_000040") and pace["max_iters"] == "60"
+    assert flags["seed 5 Stage II no_focal"]["init_from"].endswith("stage1_cos_lora_plain/step_000040")
+    assert flags["seed 5 Stage I dot_full_plain"]["focal_gamma"] == "0.0"
+    assert flags["seed 5 eval pace"]["init_from"].endswith("stage2_pace/export")
+
+
+class FakeProcess:
+    """Stands in for subprocess.Popen: records the command and writes the file its job is known done by."""
+    launched = []
+
+    def __init__(self, command, **kwargs):
+        FakeProcess.launched.append(command)
+        out = next(a.split("=", 1)[1] for a in command if a.startswith(("--out_dir=", "--out=")))
+        path = out if out.endswith(".json") else os.path.join(out, "export", "pace.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").close()
+        self.returncode = 0
+
+    def poll(self):
+        return 0
+
+
+def test_existing_results_are_skipped_and_the_rest_wait_for_their_inputs(tmp_path, monkeypatch):
+    args = study.parse_args(["--seeds=1", "--methods=pace,vlm2vec", f"--out_dir={tmp_path}", "--start_step=2"])
+    jobs = study.seed_jobs(1, args)
+    for job in jobs:  # everything done but PACE's Stage II and its evaluation
+        if job["name"] not in ("seed 1 Stage II pace", "seed 1 eval pace"):
+            os.makedirs(os.path.dirname(job["done"]), exist_ok=True)
+            open(job["done"], "w").close()
+    os.makedirs(os.path.join(tmp_path, "seed1", "stage1_cos_lora_focal", "step_000002"))
+    monkeypatch.setattr(study.subprocess, "Popen", FakeProcess)
+    FakeProcess.launched = []
+    assert study.run_jobs(jobs, parallel=2) == 2
+    assert [c[1] for c in FakeProcess.launched] == ["train.py", "eval.py"]  # the evaluation waited for the export
+    assert study.run_jobs(jobs, parallel=2) == 0 and len(FakeProcess.launched) == 2
+
+
+def test_tiny_study_end_to_end_then_resumed(tmp_path, monkeypatch):
+    from prepare import prepare
+    from tiny_model import make_tiny_checkpoint
+    data_dir = str(tmp_path / "shapes")
+    prepare(data_dir, seed=0, num_train=120, num_eval=12)
+    make_tiny_checkpoint(os.path.join(data_dir, "tiny-qwen3.5"), seed=0)
+    argv = ["--seeds=7", "--methods=pace", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'study'}",
+            "--batch_size=4", "--start_step=1", "--stage2_steps=1"]
+    study.main(argv)
+    with open(tmp_path / "study" / "results.json") as f:
+        pace = json.load(f)["methods"]["pace"]
+    assert pace["seeds"] == [7] and 0 <= pace["overall"]["mean"] <= 100
+    assert os.path.isfile(tmp_path / "study" / "geometry.png") and os.path.isfile(tmp_path / "study" / "results.md")
+    monkeypatch.setattr(study.subprocess, "Popen", None)  # a second run must start nothing
+    study.main(argv)
+    with pytest.raises(SystemExit, match="another --out_dir"):
+        study.main(argv[:-1] + ["--stage2_steps=2"])
