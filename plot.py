@@ -25,6 +25,8 @@ import sys
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+from data import IMAGE_MARKER
+
 FONT = ImageFont.load_default()  # built into Pillow: no font file to find
 TITLE_HEIGHT = 24  # band at the top of a figure that has a title
 MARGINS = (46, 20, 10, 18)  # left, top, right, bottom: room round a line panel's plot area for its labels
@@ -311,7 +313,8 @@ def draw_cell(image, box, item, thumb, header, frame, note=""):
             image.paste(picture, (left + PAD + offset[0], top + PAD + offset[1]))
     x, text_width = left + 2 * PAD + thumb, right - left - 3 * PAD - thumb
     lines = [(header, BLACK)] + ([(note, RED)] if note else [])
-    lines += [(line, BLACK) for line in wrap(item.get("text", ""), text_width, MAX_LINES + 1 - len(lines))]
+    text = (item.get("text") or "").replace(IMAGE_MARKER, "").strip()  # the picture is shown, not its marker
+    lines += [(line, BLACK) for line in wrap(text, text_width, MAX_LINES + 1 - len(lines))]
     for i, (line, fill) in enumerate(lines):
         draw.text((x, top + PAD + i * LINE_HEIGHT), line, fill=fill, font=FONT)
 
