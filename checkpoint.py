@@ -24,6 +24,9 @@ import zlib
 
 import torch
 
+from common import UserError, write_text
+from model import SYSTEM_PROMPT, Embedder
+
 # torch.distributed.checkpoint says this at every save and load in one process, which is how it is meant here
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -73,7 +76,23 @@ def read_info(path):
         with open(info_path) as f:
             return json.load(f)
     except (OSError, ValueError) as error:
-        raise ValueError(f"{path}: broken checkpoint, cannot read {INFO} ({error})") from None
+        raise UserError(f"{path}: broken checkpoint, cannot read {INFO} ({error})") from None
+
+
+def fingerprint(path):
+    """A short id of a checkpoint's weights, from what describes them without reading them: its pace.json (a step
+    folder's holds every file's CRC-32; an export's its step and config) or a release's config.json, and the sizes
+    of its weight files. The same folder copied elsewhere keeps it; another step or run does not."""
+    import hashlib
+    digest = hashlib.sha256()
+    for name in (INFO, "config.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            with open(os.path.join(path, name), "rb") as f:
+                digest.update(name.encode() + f.read())
+    for name in sorted(os.listdir(path)):
+        if name.endswith((".safetensors", ".distcp")):
+            digest.update(f"{name}:{os.path.getsize(os.path.join(path, name))}".encode())
+    return digest.hexdigest()[:16]
 
 
 def file_record(path):
@@ -109,7 +128,7 @@ def verify(path):
     cheap, and a truncated or empty shard shows at once). ValueError naming the folder and the broken file."""
     info = read_info(path)
     if not info:
-        raise ValueError(f"{path}: not a step folder of this project (no {INFO})")
+        raise UserError(f"{path}: not a step folder of this project (no {INFO})")
     files = info.get("files")
     if files is None:
         print(f"{path}: written before checkpoints recorded checksums; loading it unverified")
@@ -118,11 +137,11 @@ def verify(path):
         file = os.path.join(path, name)
         size = os.path.getsize(file) if os.path.isfile(file) else None
         if size != record["bytes"]:
-            raise ValueError(f"{path}: broken checkpoint, {name} is "
+            raise UserError(f"{path}: broken checkpoint, {name} is "
                              f"{'missing' if size is None else f'{size:,} bytes'}, {record['bytes']:,} written")
     for name, record in files.items():
         if file_record(os.path.join(path, name))["crc32"] != record["crc32"]:
-            raise ValueError(f"{path}: broken checkpoint, {name} has changed since it was written (CRC-32)")
+            raise UserError(f"{path}: broken checkpoint, {name} has changed since it was written (CRC-32)")
     return info
 
 
@@ -169,7 +188,7 @@ def load_rng(path):
     try:
         return torch.load(path, weights_only=True)
     except Exception as error:  # noqa: BLE001 - truncated, corrupt or hostile: the same answer
-        raise ValueError(f"{path}: broken checkpoint, cannot read the RNG states ({error})") from None
+        raise UserError(f"{path}: broken checkpoint, cannot read the RNG states ({error})") from None
 
 
 # -----------------------------------------------------------------------------
@@ -187,7 +206,7 @@ def save_hf_folder(state_dict, backbone, out_dir, info, card="", image_size=None
     Atomic: written aside, then renamed. image_size: the image processor's size to record (its pixel budget)."""
     from safetensors.torch import save_file
     if any("lora_" in key for key in state_dict):
-        raise ValueError("merge the LoRA adapters (lora.merge_lora) before saving a Hugging Face folder")
+        raise UserError("merge the LoRA adapters (lora.merge_lora) before saving a Hugging Face folder")
     tmp_dir = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     os.makedirs(tmp_dir)
@@ -235,7 +254,7 @@ hidden state at the final `<|endoftext|>` (last-token pooling), not normalised:
 
 ```
 <|im_start|>system
-Represent the user's input.<|im_end|>
+{system_prompt}<|im_end|>
 <|im_start|>user
 {{the image, as <|vision_start|><|image_pad|>...<|vision_end|>, then the text}}<|im_end|>
 <|im_start|>assistant
@@ -256,7 +275,7 @@ tokenizer = Qwen3_5Tokenizer.from_pretrained(path)
 model = Qwen3_5Model.from_pretrained(path).eval()
 
 def embed(text):
-    prompt = ("<|im_start|>system\\nRepresent the user's input.<|im_end|>\\n<|im_start|>user\\n"
+    prompt = ("<|im_start|>system\\n{system_prompt}<|im_end|>\\n<|im_start|>user\\n"
               + text + "<|im_end|>\\n<|im_start|>assistant\\n<|endoftext|>")
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
@@ -271,7 +290,7 @@ Images go through the same prompt with Qwen's image placeholders; the PACE repos
 builds them (and batches, and pools) for you:
 
 ```python
-from model import load_embedder        # run from the PACE repository's root
+from checkpoint import load_embedder   # run from the PACE repository's root
 embedder, info = load_embedder("{folder}")
 vectors = embedder.encode([{{"text": "Find the caption that best describes this image.", "image": "photo.jpg"}},
                            {{"text": "a dog catching a frisbee", "image": None}}])
@@ -307,7 +326,7 @@ def model_card(info, folder):
         what=trained, step=info.get("step", "?"), similarity="dot product" if dot else "cosine",
         similarity_why=("The norms carry meaning after Stage II: do not normalise the vectors." if dot else
                         "It was trained with cosine logits: normalise the vectors (or use cosine similarity)."),
-        folder=folder, score_expression="query @ candidate" if dot else
+        folder=folder, system_prompt=SYSTEM_PROMPT, score_expression="query @ candidate" if dot else
         "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
         encode_score_expression="vectors[0] @ vectors[1]" if dot else
         "torch.nn.functional.cosine_similarity(vectors[0], vectors[1], dim=0)",
@@ -324,11 +343,8 @@ def add_evaluation(folder, text):
     with open(path) as f:
         card = f.read()
     head = card.split(EVALUATION_START)[0]
-    with open(path + ".tmp", "w") as f:
-        f.write(head + EVALUATION_START + "\n" + text.rstrip() + "\n")
-    os.replace(path + ".tmp", path)
+    write_text(path, head + EVALUATION_START + "\n" + text.rstrip() + "\n")
     return True
-
 
 
 # -----------------------------------------------------------------------------
@@ -360,9 +376,9 @@ def read_metadata(path):
         with open(os.path.join(path, ".metadata"), "rb") as f:
             metadata = MetadataUnpickler(f).load()
     except Exception as error:  # noqa: BLE001 - hostile, truncated or corrupt: refused alike
-        raise ValueError(f"{path}: refusing its .metadata: {error}") from None
+        raise UserError(f"{path}: refusing its .metadata: {error}") from None
     if not isinstance(metadata, Metadata):
-        raise ValueError(f"{path}: refusing its .metadata: it holds a {type(metadata).__name__}, not DCP metadata")
+        raise UserError(f"{path}: refusing its .metadata: it holds a {type(metadata).__name__}, not DCP metadata")
     metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
     return metadata
 
@@ -384,7 +400,7 @@ def load_state(state, path):
             try:
                 torch.load(value, weights_only=True)  # plain data (numbers, strings, tuples) passes; code does not
             except Exception as error:  # noqa: BLE001
-                raise ValueError(f"{path}: refusing its entry {read_item.dest_index.fqn}: {error}") from None
+                raise UserError(f"{path}: refusing its entry {read_item.dest_index.fqn}: {error}") from None
             value.seek(0)
             super().load_bytes(read_item, value)
 
@@ -394,4 +410,43 @@ def load_state(state, path):
     except dcp.api.CheckpointException as error:  # a BaseException: one line naming the folder instead
         causes = [cause[0] if isinstance(cause, tuple) else cause for cause in error.failures.values()]
         ours = [cause for cause in causes if isinstance(cause, ValueError) and str(cause).startswith(str(path))]
-        raise ValueError(str(ours[0]) if ours else f"{path}: cannot load it: {causes[0] if causes else error}") from None
+        raise UserError(str(ours[0]) if ours else f"{path}: cannot load it: {causes[0] if causes else error}") from None
+
+
+# -----------------------------------------------------------------------------
+# loading any checkpoint
+
+def load_embedder(path, dtype=torch.float32, **preprocessor_args):
+    """Any checkpoint this project meets -> (model.Embedder, info):
+    - a Hugging Face folder (a release or an export/): loaded as is; info is its pace.json ({} for a release);
+    - a training step folder (out_dir/step_NNNNNN of train.py): its files are verified against pace.json, the
+      backbone it names is loaded with the run's max_length and pixel budget, LoRA adapters are injected if that
+      run trained them, and the sharded weights are read with torch.distributed.checkpoint (in one process, or
+      on every rank alike), through load_state, so a step folder from elsewhere cannot run code here.
+    export/ (safetensors) is still the format to share: it needs neither this repository nor the backbone."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    import lora
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise UserError(f"{path!r} does not exist (or is not a folder): expected a Hugging Face folder (a release or "
+                        "an export/) or a training step folder")
+    info = read_info(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return Embedder.from_pretrained(path, dtype, **preprocessor_args), info
+    if not info or not os.path.isfile(os.path.join(path, ".metadata")):
+        raise UserError(f"{path!r} is neither a Hugging Face folder (config.json) nor a training step folder "
+                        f"({INFO} and .metadata)")
+    verify(path)
+    backbone = info["backbone"]
+    if not os.path.isfile(os.path.join(backbone, "config.json")):
+        raise UserError(f"{path} was trained from the backbone {backbone!r}, which is not here: put it there (or a "
+                        "link to it), or export the run (train.py --resume=True --export_only=True)")
+    run = info.get("config", {})  # the run's text and pixel budget, unless the caller sets them (as its export has)
+    trained = {"max_length": run.get("max_length"), "max_pixels": run.get("max_pixels"), "min_pixels": run.get("min_pixels")}
+    embedder = Embedder.from_pretrained(backbone, dtype, **{**{k: v for k, v in trained.items() if v}, **preprocessor_args})
+    if info.get("lora_rank", 0) > 0:
+        lora.inject_lora(embedder.model, info["lora_rank"], info["lora_alpha"])
+    state = {"model": get_model_state_dict(embedder)}
+    load_state(state, path)
+    set_model_state_dict(embedder, state["model"])
+    return embedder, info

@@ -2,34 +2,36 @@
 eval.py: MMEB Precision@1 of an embedder, per dataset and as the paper's Table 8, with the geometry
 diagnostics of Sections 3.2 and 6 and Appendix C.2.
 
-    python eval.py --init_from=out/stage2/export --mmeb_dir=MMEB-eval --image_dir=MMEB-eval/images
+    python eval.py --init_from=out/stage2/export --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images
     torchrun --nproc_per_node=8 eval.py --init_from=out/stage2/step_002000 --mmeb_dir=... --image_dir=...
     python eval.py config/shapes_eval.py                          # the toy benchmark, the toy's Stage II export
+    python eval.py --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images --check_data=True   # no model
 
-init_from is a Hugging Face folder (a release or an export/) or a training step folder. The config globals
-below are set by config files and --key=value, as in train.py.
+init_from is a Hugging Face folder (a release or an export/) or a training step folder. The config globals below
+are the defaults; main() resolves config files and --key=value over them and passes the values on explicitly.
+
+Which datasets: by default MMEB's 36, every one of them found in mmeb_dir (an MMEB-eval download also holds
+CIFAR-100, which no MMEB score includes). A folder that is not one of the 36 (CIFAR-100, your own) is scored only
+when named in `datasets`, and then in a part of its own, never in MMEB's meta-task, IND, OOD or overall means; a
+folder holding no MMEB dataset at all (the toy) is scored whole, with its own aggregate. When some of the 36 are
+missing, the table and the JSON say 'N of 36' and name them: that is not an MMEB overall score.
 
 Precision@1: a query is a hit when its gold candidate (index 0) scores strictly above every other candidate
 of its row; a tie with the gold is a miss (a model that maps everything to one vector scores 0, not 100), and
 tied rows are counted. precision_at_1_argmax is the official MMEB scorer's reading (np.argmax, the first of
 equal scores, so a tie goes to the gold), to set beside published numbers. Scores are s_dot (eq. 2) or s_cos
 (eq. 1): by default the one the checkpoint was trained with (PACE ranks by the dot product). Queries carry the
-paper's instructions (instructions='paper', mmeb.py) or their datasets' own ('dataset').
+paper's instructions (instructions='paper', mmeb.py) or their datasets' own ('dataset'); per dataset the JSON
+says how many were rewritten or kept, and which layout (v1, or MMEB-V2's instruction columns) was read.
 
 Speed: MMEB rows share candidates heavily, so each dataset's distinct (text, image) items are encoded once,
 in length-sorted batches. Under torchrun each rank encodes a strided share and the shares are gathered; every
-rank scores all rows, rank 0 prints and writes. Aggregates as Table 8: the mean over datasets per meta task,
-over IND, over OOD and over all. A folder not among MMEB's 36 keeps its name; it is OOD when the name ends in
-"-OOD"; its meta task comes from the last word before that (CLS, VQA, T2I / I2T / RET, GRD), else "Other".
+rank scores all rows, rank 0 prints and writes.
 
-Geometry (geometry=True): the Pearson r between the standardised log norm product log(|q| |c+|) and
-cos(q, c+) over matched query-gold pairs (Section 6: -0.78 after direct dot training, -0.11 after PACE), the
-cosine of random query-candidate pairs (directional anisotropy, Figures 2b and 4b), norm statistics, and the
-PCA of l2-normalised embeddings coloured by norm percentile (Figures 2a, 7, 9), drawn in one PNG beside
-`out` (<stem>_geometry.png), the numbers to redraw it in the JSON. The paper measures them on 5,000 training
-instances: geometry_train_data (train.py's files) does that too, into <stem>_geometry_train.png.
+Geometry (geometry=True, diagnostics.py): the Pearson r between the standardised log norm product and cos(q, c+)
+over matched pairs, the cosine of random query-candidate pairs, norm statistics, the PCA of the l2-normalised
+embeddings, drawn beside `out` (<stem>_geometry.png); geometry_train_data measures them on training rows too.
 """
-import json
 import math
 import os
 import random
@@ -38,27 +40,31 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import checkpoint
+import common
 import configurator
 import data
+import diagnostics
+import loss
 import mmeb
 import plot
-from configurator import compute_init, kernel_report
-from model import load_embedder
+from checkpoint import load_embedder
+from common import UserError
+from model import kernel_report
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
 init_from = ""  # checkpoint: a Hugging Face folder, an export/ folder or a training step folder
-mmeb_dir = ""  # MMEB-eval folder: one subfolder of Parquet files per dataset
-image_dir = ""  # root that the rows' image paths are relative to
-datasets = []  # dataset folder names to evaluate, e.g. ['ImageNet-1K', 'N24News']; [] = all in mmeb_dir
+mmeb_dir = ""  # an MMEB-eval download (or MMEB-V2 image tasks): one folder of Parquet files per dataset
+image_dir = ""  # where the rows' image paths are relative to: where images.zip was unzipped
+datasets = []  # dataset folder names to score, e.g. ['ImageNet-1K', 'CIFAR-100']; [] = MMEB's 36 (all, if none is MMEB's)
 allow_missing_datasets = False  # a dataset folder without Parquet files: listed as omitted instead of an error
+check_data = False  # read every dataset and image path as the evaluation would, report and exit (0: it would run)
 similarity = ""  # 'dot' (eq. 2) or 'cos' (eq. 1); '' = what the checkpoint was trained with
 instructions = "paper"  # queries: 'paper' = Table 5's instruction per task format (mmeb.py), 'dataset' = their own
 batch_size = 16  # items per forward pass
-num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise)
+num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
 max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoint's own
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
@@ -66,7 +72,7 @@ allow_any_image_path = False  # let rows name images outside image_dir
 out = "out/eval.json"  # results as JSON; the pictures go beside it (<stem>_geometry.png, <stem>_sheet_*.png)
 geometry = True  # compute the geometry diagnostics and draw them
 geometry_samples = 5000  # queries (and as many candidates) sampled for the PCA and the random pairs
-geometry_train_data = []  # training files (train.py's train_data) to measure the geometry on, as the paper does
+geometry_train_data = []  # training data (train.py's train_data entries) to measure the geometry on, as the paper does
 geometry_image_dir = ""  # their image_dir ('' = image_dir)
 sheet_queries = 0  # > 0: a retrieval sheet per dataset, this many queries with their top candidates
 sheet_top_k = 3  # candidates a sheet shows per query
@@ -77,21 +83,36 @@ threads = 0  # torch threads on a CPU (0: torch's default)
 timeout_minutes = 10.0  # a collective that waits longer (a stopped or dead rank) ends the run
 wandb_log = False  # log the results to the W&B run of the checkpoint's out_dir
 wandb_project = "pace"  # W&B project
-DEFAULTS = configurator.config_keys(globals())  # main() starts from these each call, so tests can call it twice
 # -----------------------------------------------------------------------------
 
-META_TASKS = ("Classification", "VQA", "Retrieval", "Visual Grounding")
-META_TASK_WORDS = {"CLS": "Classification", "VQA": "VQA", "T2I": "Retrieval", "I2T": "Retrieval",
-                   "RET": "Retrieval", "GRD": "Visual Grounding"}  # last word of a non-MMEB dataset name
 
-
-def dataset_group(name):
-    """-> (meta task, 'IND' | 'OOD') of a dataset folder name (the rule is in the file docstring)."""
-    if name in mmeb.MMEB_DATASETS:
-        return mmeb.MMEB_DATASETS[name]
-    split = "OOD" if name.endswith("-OOD") else "IND"
-    base = name[:-len("-OOD")] if split == "OOD" else name
-    return META_TASK_WORDS.get(base.replace("_", "-").split("-")[-1].upper(), "Other"), split
+def which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log):
+    """-> (MMEB datasets to score, others to score, omitted for want of Parquet files, MMEB's missing ones). An
+    empty dataset folder is an error unless allow_missing_datasets: silently dropping it would change the means."""
+    found, empty = mmeb.find_eval_datasets(mmeb_dir, image_dir)
+    present = found + empty
+    if datasets:
+        absent = [name for name in datasets if name not in present]
+        if absent:
+            raise UserError(f"datasets {absent} are not folders of {mmeb_dir}")
+        names = list(datasets)
+    else:
+        names = [name for name in present if name in mmeb.MMEB_TABLE] or present  # the toy: no MMEB dataset
+        passed = [name for name in present if name not in names]
+        if passed:
+            log(f"not scored: {', '.join(passed)} (not among MMEB's 36; name it in datasets to score it apart)")
+    omitted = [name for name in names if name in empty]
+    if omitted and not allow_missing_datasets:
+        raise UserError(f"dataset folders without Parquet files in {mmeb_dir}: {', '.join(omitted)} (download them, "
+                        "or pass --allow_missing_datasets=True to list them as omitted)")
+    if omitted:
+        log(f"omitted, no Parquet files: {', '.join(omitted)}")
+    names = [name for name in names if name not in omitted]
+    if not names:
+        raise UserError(f"no dataset with Parquet files to evaluate in {mmeb_dir}")
+    scored_mmeb = [name for name in names if name in mmeb.MMEB_TABLE]
+    missing = [name for name in mmeb.MMEB_TABLE if name not in scored_mmeb] if scored_mmeb else []
+    return scored_mmeb, [name for name in names if name not in mmeb.MMEB_TABLE], omitted, missing
 
 
 # -----------------------------------------------------------------------------
@@ -136,11 +157,9 @@ def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1
 
 def candidate_scores(query_emb, cand_emb, cand_index, similarity):
     """query_emb (Q, D), cand_emb (M, D), cand_index (Q, K) into cand_emb (-1: no candidate) -> scores (Q, K),
-    -inf where there is no candidate. Row chunks bound the gathered (b, K, D) block."""
-    if similarity not in ("cos", "dot"):
-        raise ValueError(f"similarity must be 'cos' or 'dot', got {similarity!r}")
-    if similarity == "cos":  # eq. (1): compare directions only
-        query_emb, cand_emb = F.normalize(query_emb, dim=-1), F.normalize(cand_emb, dim=-1)
+    -inf where there is no candidate: the plain dot products of loss.compared vectors, as training scores them.
+    Row chunks bound the gathered (b, K, D) block."""
+    query_emb, cand_emb = loss.compared(query_emb, similarity), loss.compared(cand_emb, similarity)
     num_rows, width = cand_index.shape
     scores = torch.empty(num_rows, width)
     rows_per_chunk = max(1, 2**25 // max(1, width * cand_emb.shape[1]))  # about 128 MB of float32
@@ -165,7 +184,7 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
     holds precision_at_1 and precision_at_1_argmax (percent), num_queries, ties, the candidate-count range and the
     speed figures. Non-finite embeddings are an error naming the dataset."""
     if not rows:
-        raise ValueError(f"{label or 'a dataset'}: no rows")
+        raise UserError(f"{label or 'a dataset'}: no rows")
     items, query_index, cand_index = distinct_items(rows)
     start = time.time()
     embeddings = encode_shared(embedder, items, batch_size, num_workers, rank, world_size, label)  # (N, D)
@@ -173,8 +192,8 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
     bad = (~torch.isfinite(embeddings).all(dim=1)).nonzero().flatten()
     if len(bad):
         item = items[int(bad[0])]
-        raise ValueError(f"{label or 'dataset'}: the model gave non-finite embeddings for {len(bad)} of its "
-                         f"{len(items)} items, e.g. {item.get('text', '')[:60]!r} (image {item.get('image')})")
+        raise UserError(f"{label or 'dataset'}: the model gave non-finite embeddings for {len(bad)} of its "
+                        f"{len(items)} items, e.g. {item.get('text', '')[:60]!r} (image {item.get('image')})")
     scores = candidate_scores(embeddings[query_index], embeddings, cand_index, similarity)  # (Q, K)
     hits, ties, argmax_hits = precision_at_1(scores)
     counts = (cand_index >= 0).sum(dim=1)  # (Q,) candidates a row
@@ -186,264 +205,176 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
 
 
 # -----------------------------------------------------------------------------
-# aggregates and the table
-
-def mean(values):
-    return sum(values) / len(values) if values else None
-
-
-def aggregate(per_dataset, key="precision_at_1"):
-    """{name: {key, "meta_task", "split", ...}} -> {"meta_tasks": {task: mean}, "IND", "OOD", "overall"}: each an
-    unweighted mean over its datasets, as in Table 8 (None when empty)."""
-    tasks = [t for t in META_TASKS if any(r["meta_task"] == t for r in per_dataset.values())]
-    tasks += sorted({r["meta_task"] for r in per_dataset.values()} - set(META_TASKS))
-    scores = lambda keep: [r[key] for r in per_dataset.values() if keep(r)]  # noqa: E731
-    return {"meta_tasks": {t: mean(scores(lambda r: r["meta_task"] == t)) for t in tasks},
-            "IND": mean(scores(lambda r: r["split"] == "IND")), "OOD": mean(scores(lambda r: r["split"] == "OOD")),
-            "overall": mean(scores(lambda r: True))}
-
-
-def format_table(per_dataset, summary, argmax_summary=None, omitted=()):
-    """Table 8's shape: datasets by meta task (OOD marked *), meta-task means, the final score; strict P@1 and,
-    beside it, the official argmax reading."""
-    number = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
-    argmax_summary = argmax_summary or aggregate(per_dataset, "precision_at_1_argmax")
-    lines = [f"{'dataset':<28}{'P@1':>7}{'argmax':>8}{'queries':>9}{'ties':>7}{'candidates':>12}"]
-    for task, task_mean in summary["meta_tasks"].items():
-        names = [n for n, r in per_dataset.items() if r["meta_task"] == task]
-        lines.append(f"{task} ({len(names)} datasets)")
-        for name in names:
-            r = per_dataset[name]
-            label, (low, high) = name + ("*" if r["split"] == "OOD" else ""), r.get("candidates", ("-", "-"))
-            lines.append(f"  {label:<26}{number(r['precision_at_1']):>7}{number(r.get('precision_at_1_argmax')):>8}"
-                         f"{r['num_queries']:>9}{r['ties']:>7}{low if low == high else f'{low}-{high}':>12}")
-        lines.append(f"{'All ' + task:<28}{number(task_mean):>7}{number(argmax_summary['meta_tasks'][task]):>8}")
-    lines.append(f"Final score ({len(per_dataset)} datasets)")
-    for label, key in (("All IND", "IND"), ("All OOD", "OOD"), ("All", "overall")):
-        lines.append(f"{label:<28}{number(summary[key]):>7}{number(argmax_summary[key]):>8}")
-    lines.append("* out of distribution; P@1: ties are misses; argmax: the official scorer, ties go to the gold")
-    lines += [f"omitted (no Parquet files): {', '.join(omitted)}"] if omitted else []
-    return "\n".join(lines)
-
-
-# -----------------------------------------------------------------------------
-# geometry diagnostics
-
-def geometry_pairs(query_emb, positive_emb, candidate_emb, size, generator=None):
-    """What the diagnostics need from one dataset: query_emb (Q, D) and positive_emb (Q, D) row by row (matched
-    pairs), candidate_emb (M, D) its distinct candidates. Per-pair scalars for every row; vectors only for a
-    random sample of `size` queries and `size` candidates."""
-    query_norm, positive_norm = query_emb.norm(dim=1), positive_emb.norm(dim=1)  # (Q,), (Q,)
-    query_pick = torch.randperm(len(query_emb), generator=generator)[:size]
-    candidate_pick = torch.randperm(len(candidate_emb), generator=generator)[:size]
-    return {"log_norm_product": query_norm.clamp_min(1e-30).log() + positive_norm.clamp_min(1e-30).log(),  # (Q,)
-            "cos_positive": F.cosine_similarity(query_emb, positive_emb, dim=1),  # (Q,)
-            "query_norms": query_norm, "candidate_norms": candidate_emb.norm(dim=1),  # (Q,), (M,)
-            "queries": query_emb[query_pick], "candidates": candidate_emb[candidate_pick]}  # (s, D), (s', D)
-
-
-def pearson(x, y):
-    """Pearson r of two (N,) tensors; None when either is constant to float32 precision (e.g. a model whose final
-    RMSNorm gives every embedding the same norm), where r would be rounding noise."""
-    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
-    if len(x) < 2 or x.abs().max() < 1e-5 or y.abs().max() < 1e-5:
-        return None
-    return float((x * y).sum() / (x.norm() * y.norm()))
-
-
-def norm_stats(norms):
-    percentiles = torch.quantile(norms.double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
-    return {"mean": norms.mean().item(), "std": norms.std().item() if len(norms) > 1 else 0.0,
-            "min": norms.min().item(), "max": norms.max().item(), "p5_p50_p95": percentiles.tolist()}
-
-
-def geometry_summary(samples, max_points=5000, title=""):
-    """Pool geometry_pairs() of the evaluated datasets -> (summary dict with the numbers to redraw the pictures,
-    the picture: the random-pair cosine histogram, log norm product against cosine, the PCA)."""
-    pooled = {key: torch.cat([s[key] for s in samples]) for key in samples[0]}
-    queries, candidates = pooled["queries"], pooled["candidates"]  # (S, D), (S', D)
-    directions_q, directions_c = F.normalize(queries, dim=1), F.normalize(candidates, dim=1)
-    # random pairs: each sampled query with a sampled candidate drawn at random (a matched one is rare and harmless);
-    # their mean over ALL (query, candidate) sample pairs is exactly mean(q_hat) . mean(c_hat)
-    order = torch.randint(len(directions_c), (len(directions_q),), generator=torch.Generator().manual_seed(0))
-    random_cos = (directions_q * directions_c[order]).sum(dim=1)  # (S,)
-    log_product, cos_positive = pooled["log_norm_product"], pooled["cos_positive"]  # (P,), (P,)
-    r = pearson(log_product, cos_positive)
-    # Fig. 4a's x axis; when every norm is the same (r undefined) there is nothing to standardise but rounding
-    standardised = torch.zeros_like(log_product) if r is None else (log_product - log_product.mean()) / log_product.std()
-    points = torch.cat([directions_q, directions_c]).double()  # (N, D) on the unit sphere
-    centred = points - points.mean(0)
-    _, singular, v_transposed = torch.linalg.svd(centred, full_matrices=False)
-    projected = F.pad(centred @ v_transposed[:2].T, (0, max(0, 2 - v_transposed.shape[0])))  # (N, 2) even when D = 1
-    variance = singular ** 2
-    norms = torch.cat([queries.norm(dim=1), candidates.norm(dim=1)])  # (N,) of the original embeddings
-    percentile = (norms.argsort().argsort().double() / max(len(norms) - 1, 1)).tolist()  # (N,) in [0, 1]
-    is_query = [i < len(queries) for i in range(len(points))]
-    keep = torch.randperm(len(log_product), generator=torch.Generator().manual_seed(1))[:max_points]
-    summary = {"norm_cos_pearson_r": r, "num_matched_pairs": len(log_product),
-               "random_pair_mean_cos": float(directions_q.mean(0) @ directions_c.mean(0)),
-               "num_random_pairs": len(queries) * len(candidates),
-               "query_norm": norm_stats(pooled["query_norms"]), "candidate_norm": norm_stats(pooled["candidate_norms"]),
-               "pca_explained_variance": [float(v / variance.sum().clamp_min(1e-30)) for v in variance[:2]],
-               "pca": {"x": projected[:, 0].tolist(), "y": projected[:, 1].tolist(), "norm_percentile": percentile,
-                       "is_query": is_query},
-               "random_pair_cos": random_cos.tolist(),
-               "pairs": {"standardised_log_norm_product": standardised[keep].tolist(),
-                         "cos_positive": cos_positive[keep].tolist()}}
-    explained = summary["pca_explained_variance"] + [0.0]
-    picture = plot.grid([
-        plot.histogram([{"label": "random pairs", "values": summary["random_pair_cos"]}], value_range=(-1, 1),
-                       title="cosine of random query-candidate pairs", x_label="cos"),
-        plot.scatter(summary["pairs"]["standardised_log_norm_product"], summary["pairs"]["cos_positive"],
-                     title="matched pairs", x_label="standardised log(|q| |c+|)", y_label="cos(q, c+)",
-                     note="r = -" if r is None else f"r = {r:.2f}"),
-        plot.scatter(summary["pca"]["x"], summary["pca"]["y"], colour=percentile, equal_axes=True,
-                     marker=["circle" if q else "triangle" for q in is_query], title="PCA of normalised embeddings",
-                     x_label=f"PC1 {100 * explained[0]:.0f}%", y_label=f"PC2 {100 * explained[1]:.0f}%",
-                     note="colour: norm percentile; o query, ^ candidate")], columns=3, title=title)
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}, picture
-
-
-def train_geometry(embedder, rank, world_size, generator):
-    """The diagnostics on a sample of geometry_samples training rows, as the paper measures them: query-positive
-    pairs for the Pearson r, queries against other rows' positives for the random pairs."""
-    rows = data.load_train_rows(geometry_train_data, geometry_image_dir or image_dir, num_hard_negatives=0,
-                                seed=seed, skip_bad_rows=skip_bad_rows, allow_any_image_path=allow_any_image_path,
-                                instructions=mmeb.Instructions(instructions))
-    picked = random.Random(seed).sample(range(len(rows)), min(geometry_samples, len(rows)))
-    items = [rows[i]["query"] for i in picked] + [rows[i]["candidates"][0] for i in picked]
-    embeddings = encode_shared(embedder, items, batch_size, num_workers, rank, world_size, "training rows")
-    queries, positives = embeddings[:len(picked)], embeddings[len(picked):]
-    return geometry_pairs(queries, positives, positives, len(picked), generator)
-
-
-# -----------------------------------------------------------------------------
 # the run
 
-def write_json(result, path):
-    """Atomic: written aside, then renamed, so a crash never leaves half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
-
-
-def retrieval_sheet(name, rows, scores, stem):
-    """<stem>_sheet_<name>.png: sheet_queries seeded queries of a dataset with their sheet_top_k best candidates."""
-    picked = random.Random(f"{seed}/{name}").sample(range(len(rows)), min(sheet_queries, len(rows)))
+def retrieval_sheet(name, rows, scores, path, queries, top_k, seed):
+    """A PNG at path: `queries` seeded queries of a dataset with their top_k best candidates, gold framed green."""
+    picked = random.Random(f"{seed}/{name}").sample(range(len(rows)), min(queries, len(rows)))
     sheet = []
     for r in picked:
-        top = [j for j in scores[r].argsort(descending=True).tolist() if math.isfinite(scores[r, j])][:sheet_top_k]
+        top = [j for j in scores[r].argsort(descending=True).tolist() if math.isfinite(scores[r, j])][:top_k]
         sheet.append({"query": rows[r]["query"], "results": [dict(rows[r]["candidates"][j], score=float(scores[r, j]),
                                                                     gold=j == 0) for j in top]})
-    return plot.save(plot.retrieval_sheet(sheet, title=f"{name}: top {sheet_top_k}"), f"{stem}_sheet_{name}.png")
+    return plot.save(plot.retrieval_sheet(sheet, title=f"{name}: top {top_k}"), path)
 
 
-def which_datasets(log):
-    """-> (names to evaluate, names omitted for want of Parquet files). An empty dataset folder is an error unless
-    allow_missing_datasets: silently dropping it would change the averages."""
-    found, empty = mmeb.find_mmeb_datasets(mmeb_dir, image_dir)
-    names = list(datasets) or found
-    missing = [n for n in names if not os.path.isdir(os.path.join(mmeb_dir, n))]
-    if missing or not names:
-        raise FileNotFoundError(f"datasets {missing or '(none)'} not in {mmeb_dir}")
-    empty = [n for n in (names if datasets else names + empty) if not mmeb.parquet_files(os.path.join(mmeb_dir, n))]
-    if empty and not allow_missing_datasets:
-        raise FileNotFoundError(f"dataset folders without Parquet files in {mmeb_dir}: {', '.join(empty)} (download "
-                                "them, or pass --allow_missing_datasets=True to list them as omitted)")
-    if empty:
-        log(f"omitted, no Parquet files: {', '.join(empty)}")
-    if not set(names) - set(empty):
-        raise FileNotFoundError(f"no dataset with Parquet files to evaluate in {mmeb_dir}")
-    return [n for n in names if n not in empty], empty
+def read_dataset(name, config, check=False):
+    """A dataset of mmeb_dir -> (rows, data.SourceReport)."""
+    return data.read_eval_dataset(os.path.join(config["mmeb_dir"], name), config["image_dir"],
+                                  config["skip_bad_rows"], config["instructions"], config["allow_any_image_path"], check)
 
 
-def evaluate_all(embedder, ranking, names, rank, world_size, log):
-    """Every dataset of `names` -> (per-dataset results, (geometry samples of the evaluation data, of the training
-    rows), the instructions' counts)."""
-    query_instructions, generator = mmeb.Instructions(instructions), torch.Generator().manual_seed(seed)
-    geometry_size = math.ceil(geometry_samples / len(names)) if geometry else 0  # spread evenly over the datasets
+def evaluate_all(embedder, names, config, ranking, rank, world_size, log):
+    """Every dataset of `names` -> (per-dataset results, the geometry samples of each dataset)."""
+    generator, stem = torch.Generator().manual_seed(config["seed"]), os.path.splitext(config["out"])[0]
+    geometry_size = math.ceil(config["geometry_samples"] / len(names)) if config["geometry"] else 0  # spread evenly
+    workers = common.worker_count(config["num_workers"])
     per_dataset, samples = {}, []
     for name in names:
-        rows = mmeb.read_mmeb_dataset(os.path.join(mmeb_dir, name), image_dir, skip_bad_rows, query_instructions,
-                                      allow_any_image_path)
+        rows, report = read_dataset(name, config)
         result, embeddings, query_index, cand_index, scores = evaluate_dataset(
-            embedder, rows, ranking, batch_size, num_workers, rank, world_size, label=name)
-        meta_task, split = dataset_group(name)
-        per_dataset[name] = dict(result, meta_task=meta_task, split=split, skipped_rows=rows.skipped)
-        if geometry:
+            embedder, rows, ranking, config["batch_size"], workers, rank, world_size, label=name)
+        meta_task, split = mmeb.dataset_group(name)
+        per_dataset[name] = dict(result, meta_task=meta_task, split=split, layout=report.layout,
+                                 instructions=dict(report.instructions.counts), bad_rows=dict(report.bad))
+        if config["geometry"]:
             candidates = embeddings[cand_index[cand_index >= 0].unique()]  # (M, D), distinct candidates
-            samples.append(geometry_pairs(embeddings[query_index], embeddings[cand_index[:, 0]], candidates,
-                                          geometry_size, generator))
-        if sheet_queries and rank == 0:
-            per_dataset[name]["sheet_png"] = retrieval_sheet(name, rows, scores, os.path.splitext(out)[0])
+            samples.append(diagnostics.pairs(embeddings[query_index], embeddings[cand_index[:, 0]],
+                                                      candidates, geometry_size, generator))
+        if config["sheet_queries"] and rank == 0:
+            per_dataset[name]["sheet_png"] = retrieval_sheet(name, rows, scores, f"{stem}_sheet_{name}.png",
+                                                             config["sheet_queries"], config["sheet_top_k"], config["seed"])
         low, high = result["candidates"]
         log(f"{name}: P@1 {result['precision_at_1']:.1f} (argmax {result['precision_at_1_argmax']:.1f}) over "
-            f"{result['num_queries']} queries, {result['ties'] or 'no'} tied with the gold, "
-            f"{result['distinct_items']} distinct items (dedup {result['dedup_factor']:.1f}x), "
-            f"{result['items_per_second']:.1f} items/s" + (f"; WARNING: rows hold {low} to {high} candidates, "
-                                                             "not one count" if low != high else ""), flush=True)
-    train = [train_geometry(embedder, rank, world_size, generator)] if geometry and geometry_train_data else []
-    if query_instructions.counts:
-        log(f"instructions='{instructions}' on the queries: {query_instructions.summary()}")
-    return per_dataset, (samples, train), dict(query_instructions.counts, mode=instructions)
+            f"{result['num_queries']} queries ({result['ties']} tied with the gold), {result['distinct_items']} "
+            f"distinct items (dedup {result['dedup_factor']:.1f}x), {result['items_per_second']:.1f} items/s; "
+            f"layout {report.layout}, instructions: {report.instructions.summary()}"
+            + (f"; WARNING: rows hold {low} to {high} candidates, not one count" if low != high else ""), flush=True)
+    return per_dataset, samples
 
 
-def report(output, samples, info, config):
+def train_geometry(embedder, config, rank, world_size, generator):
+    """The diagnostics on a sample of geometry_samples training rows, as the paper measures them: query-positive
+    pairs for the Pearson r, queries against other rows' positives for the random pairs."""
+    rows, _ = data.load_train_rows(config["geometry_train_data"], config["geometry_image_dir"] or config["image_dir"],
+                                   num_hard_negatives=0, seed=config["seed"], skip_bad_rows=config["skip_bad_rows"],
+                                   allow_any_image_path=config["allow_any_image_path"],
+                                   instructions=config["instructions"], allow_eval_datasets=True)
+    picked = random.Random(config["seed"]).sample(range(len(rows)), min(config["geometry_samples"], len(rows)))
+    items = [rows[i]["query"] for i in picked] + [rows[i]["candidates"][0] for i in picked]
+    embeddings = encode_shared(embedder, items, config["batch_size"], common.worker_count(config["num_workers"]),
+                               rank, world_size, "training rows")
+    queries, positives = embeddings[:len(picked)], embeddings[len(picked):]
+    return diagnostics.pairs(queries, positives, positives, len(picked), generator)
+
+
+def scores_section(per_dataset, missing, is_mmeb):
+    """One family's results -> its JSON part: the datasets, Table 8's means, the argmax means, and for MMEB how
+    many of the 36 are in them."""
+    section = {"datasets": per_dataset, **mmeb.aggregate(per_dataset),
+               "argmax": mmeb.aggregate(per_dataset, "precision_at_1_argmax")}
+    if is_mmeb:
+        section["coverage"] = {"evaluated": len(per_dataset), "of": len(mmeb.MMEB_TABLE), "missing": missing}
+    return section
+
+
+def table_text(output):
+    """The printed table: MMEB's part (its final score named for what it covers), then any other datasets apart."""
+    if output["benchmark"] == "MMEB":
+        coverage = output["coverage"]
+        title = (f"Final score: MMEB overall, all {coverage['of']} datasets" if not coverage["missing"] else
+                 f"Final score over {coverage['evaluated']} of MMEB's {coverage['of']} datasets (NOT MMEB overall; "
+                 f"missing: {', '.join(coverage['missing'])})")
+    else:
+        title = f"Final score ({len(output['datasets'])} datasets, none of them MMEB's)"
+    parts = [mmeb.format_table(output["datasets"], title)]
+    if output.get("others"):
+        parts.append(mmeb.format_table(output["others"]["datasets"], f"Final score of these {len(output['others']['datasets'])} "
+                                       "datasets, apart from MMEB (in no MMEB mean)"))
+    notes = "* out of distribution; P@1: ties are misses; argmax: the official scorer, ties go to the gold"
+    notes += f"\nomitted (no Parquet files): {', '.join(output['omitted'])}" if output["omitted"] else ""
+    return "\n\n".join(parts) + "\n" + notes
+
+
+def report(output, samples, info, config, started):
     """Rank 0: the geometry pictures, the table, the JSON, the export's model card and W&B."""
-    stem = os.path.splitext(out)[0]
+    stem = os.path.splitext(config["out"])[0]
+    titles = {"geometry": f"{config['init_from']}: evaluation data", "geometry_train": f"{config['init_from']}: "
+              f"{config['geometry_samples']} training rows"}
     for key, sample, suffix in (("geometry", samples[0], ""), ("geometry_train", samples[1], "_train")):
         if sample:
-            output[key], picture = geometry_summary(sample, geometry_samples, f"{init_from}{suffix}")
+            output[key], picture = diagnostics.summary(sample, config["geometry_samples"], titles[key])
             output[key]["png"] = plot.save(picture, f"{stem}_geometry{suffix}.png")
-            print(f"{key}: r {output[key]['norm_cos_pearson_r']}, random-pair cos "
-                  f"{output[key]['random_pair_mean_cos']:.3f}, drawn in {output[key]['png']}")
-    table = format_table(output["datasets"], output, output["argmax"], output["omitted"])
+            print(f"{key}: {diagnostics.describe(output[key])}, drawn in {output[key]['png']}")
+    table = table_text(output)
     print(table)
-    write_json(output, out)
-    print(f"wrote {out}")
-    if info and checkpoint.add_evaluation(init_from, f"MMEB Precision@1 ({output['similarity']} similarity, "
-                                                     f"instructions '{instructions}'), eval.py:\n\n```\n{table}\n```"):
-        print(f"added the table to {os.path.join(init_from, 'README.md')}")
-    if wandb_log:
-        run_dir = os.path.dirname(os.path.abspath(init_from))
-        wandb = configurator.start_wandb(run_dir, True, wandb_project, os.path.basename(run_dir), config)
+    common.write_json(config["out"], output, since=started)
+    print(f"wrote {config['out']}")
+    if info and checkpoint.add_evaluation(config["init_from"], f"Precision@1 ({output['similarity']} similarity, "
+                                          f"instructions '{config['instructions']}'), eval.py:\n\n```\n{table}\n```"):
+        print(f"added the table to {os.path.join(config['init_from'], 'README.md')}")
+    if config["wandb_log"]:
+        run_dir = os.path.dirname(os.path.abspath(config["init_from"]))
+        wandb = common.start_wandb(run_dir, True, config["wandb_project"], os.path.basename(run_dir), config)
         scores = {**output["meta_tasks"], "IND": output["IND"], "OOD": output["OOD"], "overall": output["overall"]}
         wandb.log({f"eval/{k}": v for k, v in scores.items() if v is not None})
         wandb.finish()
 
 
-def main(args=None):
-    """Run the evaluation with config overrides `args` (default: the command line). -> the JSON dict"""
-    config = configurator.configure(dict(DEFAULTS), sys.argv[1:] if args is None else args)
-    globals().update(config)  # the config globals above, read by name as in train.py
-    rank, _, world_size, run_device = compute_init(device, timeout_minutes)
-    if threads:
-        torch.set_num_threads(threads)
+def check(config, names, log):
+    """--check_data=True: every dataset read as the evaluation reads it, every image path checked; -> exit code."""
+    problems = []
+    for name in names:
+        rows, found = read_dataset(name, config, check=True)
+        log("\n".join(found.lines()))
+        problems += [f"{name}: {p}" for p in found.problems(config["skip_bad_rows"], True)]
+        if not rows:
+            problems.append(f"{name}: no usable rows")
+    log(f"check_data: {len(names)} datasets; " + ("the evaluation would run" if not problems else
+                                                  "the evaluation would NOT run:\n  " + "\n  ".join(problems)))
+    return 1 if problems else 0
+
+
+def main(argv=None):
+    """Run the evaluation with config overrides argv (default: the command line). -> the JSON dict"""
+    config = configurator.configure(configurator.config_keys(globals()) | {"__file__": __file__, "__doc__": __doc__},
+                                    sys.argv[1:] if argv is None else argv)
+    configurator.check_choice("dtype", config["dtype"], ("float32", "bfloat16"))
+    configurator.check_choice("similarity", config["similarity"], ("",) + loss.SIMILARITIES)
+    configurator.check_choice("instructions", config["instructions"], ("paper", "dataset"))
+    if not config["mmeb_dir"] or not (config["init_from"] or config["check_data"]):
+        raise UserError("set --mmeb_dir=... and --init_from=...")
+    rank, _, world_size, run_device = common.compute_init(config["device"], config["timeout_minutes"])
     log = print if rank == 0 else (lambda *a, **k: None)
-    for key in ("init_from", "mmeb_dir"):
-        if not config[key]:
-            raise ValueError(f"set --{key}=...")
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    mmeb_names, other_names, omitted, missing = which_datasets(config["mmeb_dir"], config["image_dir"],
+                                                               config["datasets"], config["allow_missing_datasets"], log)
+    if config["check_data"]:
+        sys.exit(check(config, mmeb_names + other_names, log))
+    if config["threads"]:
+        torch.set_num_threads(config["threads"])
     if rank == 0:
         configurator.print_config(config)
         print(kernel_report(run_device))
-    embedder, info = load_embedder(init_from, getattr(torch, dtype), max_length=max_length,
-                                   **({"max_pixels": max_pixels} if max_pixels else {}))
+    started = time.time()
+    embedder, info = load_embedder(config["init_from"], getattr(torch, config["dtype"]), max_length=config["max_length"],
+                                   **({"max_pixels": config["max_pixels"]} if config["max_pixels"] else {}))
     embedder.to(run_device).eval()
-    ranking = similarity or info.get("similarity") or "cos"
-    if not (similarity or info.get("similarity")):
-        log(f"{init_from} does not say what it was trained with (no pace.json similarity): ranking by cosine")
-    if ranking not in ("cos", "dot"):
-        raise ValueError(f"similarity must be 'cos' or 'dot', got {ranking!r}")
-    names, omitted = which_datasets(log)
-    per_dataset, samples, counts = evaluate_all(embedder, ranking, names, rank, world_size, log)
-    output = {"datasets": per_dataset, **aggregate(per_dataset), "argmax": aggregate(per_dataset, "precision_at_1_argmax"),
-              "omitted": omitted, "similarity": ranking, "instructions": counts, "init_from": init_from, "config": config}
+    ranking = config["similarity"] or info.get("similarity") or "cos"
+    if not (config["similarity"] or info.get("similarity")):
+        log(f"{config['init_from']} does not say what it was trained with (no pace.json similarity): ranking by cosine")
+    names = mmeb_names + other_names
+    per_dataset, samples = evaluate_all(embedder, names, config, ranking, rank, world_size, log)
+    generator = torch.Generator().manual_seed(config["seed"] + 1)
+    train = [train_geometry(embedder, config, rank, world_size, generator)] \
+        if config["geometry"] and config["geometry_train_data"] else []
+    main_names = mmeb_names or other_names  # MMEB's datasets; the others apart. Without MMEB's, the others alone
+    output = {"benchmark": "MMEB" if mmeb_names else "other",
+              **scores_section({n: per_dataset[n] for n in main_names}, missing, bool(mmeb_names)),
+              "omitted": omitted, "similarity": ranking, "init_from": config["init_from"], "config": config}
+    if mmeb_names and other_names:
+        output["others"] = scores_section({n: per_dataset[n] for n in other_names}, [], False)
     if rank == 0:
-        report(output, samples, info, config)
+        report(output, (samples, train), info, config, started)
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -451,5 +382,5 @@ def main(args=None):
 
 
 if __name__ == "__main__":
-    configurator.install_error_hook()
+    common.install_error_hook()
     main()

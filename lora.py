@@ -59,12 +59,17 @@ class LoRALinear(nn.Linear):
         return base + self.scale * update
 
     def merged_weight(self):
-        """W + (alpha / r) B A, summed in float32 and cast back to W's dtype: (out, in)."""
-        delta = self.lora_B.detach().float() @ self.lora_A.detach().float()
-        return (self.weight.detach().float() + self.scale * delta).to(self.weight.dtype)
+        """W + (alpha / r) B A: (out, in), in W's dtype."""
+        return merged_weight(self.weight.detach(), self.lora_A.detach(), self.lora_B.detach(), self.scale)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}, dropout={self.dropout}"
+
+
+def merged_weight(weight, lora_A, lora_B, scale):
+    """W + scale B A with W (out, in), A (r, in), B (out, r): summed in float32 and cast back to W's dtype, so a
+    bf16 W loses nothing more than its own rounding. The one merge formula: merge_lora and merge_lora_state_dict."""
+    return (weight.float() + scale * (lora_B.float() @ lora_A.float())).to(weight.dtype)
 
 
 def is_target(name, module):
@@ -120,17 +125,16 @@ def merge_lora(model: nn.Module) -> int:
     return len(names)
 
 
-
 @torch.no_grad()
-def merge_lora_state_dict(state_dict: dict, scale: float) -> dict:
+def merge_lora_state_dict(state_dict: dict, alpha: float) -> dict:
     """merge_lora on a consolidated state_dict (gathered from FSDP2 shards at export time): for every
-    `x.lora_A` / `x.lora_B` pair, `x.weight` becomes W + scale B A (float32 sum, W's dtype), the adapters
-    are dropped. scale = alpha / rank of the run. -> a new dict with the base model's keys."""
+    `x.lora_A` / `x.lora_B` pair, `x.weight` becomes W + (alpha / r) B A, r read from lora_A's shape (r, in); the
+    adapters are dropped. alpha: the run's lora_alpha. -> a new dict with the base model's keys (the same dict's
+    tensors when there are no adapters)."""
     merged = {k: v for k, v in state_dict.items() if not k.endswith((".lora_A", ".lora_B"))}
-    for key in state_dict:
+    for key, lora_A in state_dict.items():
         if key.endswith(".lora_A"):
             prefix = key[:-len("lora_A")]
-            weight = state_dict[prefix + "weight"]
-            delta = state_dict[prefix + "lora_B"].float() @ state_dict[key].float()  # (out, r) @ (r, in)
-            merged[prefix + "weight"] = (weight.float() + scale * delta).to(weight.dtype)
+            merged[prefix + "weight"] = merged_weight(state_dict[prefix + "weight"], lora_A,
+                                                      state_dict[prefix + "lora_B"], alpha / lora_A.shape[0])
     return merged

@@ -38,22 +38,27 @@ import torch.nn.functional as F
 warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_gather is deprecated")
 
 NORMALIZE_EPS = 1e-6  # floor on |x| in eq. (1), so a zero vector gives cos = 0, not NaN
+SIMILARITIES = ("cos", "dot")  # eq. (1), eq. (2)
 WEIGHTINGS = ("focal", "random", "query_positive", "query_negative")
 COLLAPSE_SPREAD = 1e-4  # a batch whose every query sees logits within this of each other carries no signal
 
 
+def compared(x, similarity):
+    """x (..., D) as `similarity` compares it, in float32: unit vectors for 'cos' (eq. 1), as they are for 'dot'
+    (eq. 2). Their plain dot products are then the similarities: similarity_matrix here, eval.py's scores of each
+    query's own candidates."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    x = x.float()
+    return F.normalize(x, dim=-1, eps=NORMALIZE_EPS) if similarity == "cos" else x
+
+
 def similarity_matrix(q, c, similarity):
     """(N, D) x (M, D) -> (N, M) float32 similarities: 'cos' (eq. 1) or 'dot' (eq. 2)."""
-    if similarity not in ("cos", "dot"):
-        raise ValueError(f"similarity must be 'cos' or 'dot', got {similarity!r}")
     # float32 even inside a bf16 autocast region: logits at tau = 0.1, or raw dot products of
     # norm-30 vectors, lose too much in bf16
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q, c = q.float(), c.float()
-        if similarity == "cos":
-            q = F.normalize(q, dim=-1, eps=NORMALIZE_EPS)
-            c = F.normalize(c, dim=-1, eps=NORMALIZE_EPS)
-        return q @ c.T  # (N, M)
+        return compared(q, similarity) @ compared(c, similarity).T  # (N, M)
 
 
 def world_rank_and_size():

@@ -1,9 +1,9 @@
 """
 model.py: the PACE embedder, a Qwen3.5 vision-language backbone turned into an embedding model.
 
-    from model import Embedder, load_embedder
+    from model import Embedder
     embedder = Embedder.from_pretrained("/models/Qwen3.5-0.8B-Base")   # a local folder, nothing downloaded
-    embedder, info = load_embedder("out/stage2/export")               # or a trained export / step folder
+    # (checkpoint.load_embedder loads a trained export/ or step folder as well)
     vectors = embedder.encode([{"text": "a red circle", "image": None},
                                {"text": "", "image": "cat.jpg"}])       # (2, D) float32
 
@@ -24,12 +24,16 @@ the norm as signal.
   collate() pads a batch. Picklable, so DataLoader workers run it.
 - Embedder: nn.Module around transformers' Qwen3_5Model (the frozen vision tower and the language model; no
   LM head); forward(batch) -> (B, D); encode(items) for inference. It turns the patches into pixel values.
-- load_embedder: any checkpoint this project meets (a release, an export/, a training step folder).
+- step_flops, peak_flops: the model's useful FLOPs of a training step and a GPU's peak, for MFU;
+  kernel_report: which Gated DeltaNet and conv1d code transformers runs (one line; its own two warnings are
+  dropped when this module is imported).
 
 The prompt is built here, not by the checkpoint's chat template, and transformers' processor class is not
 used: it needs the video processor, which needs torchvision. The tokenizer and the PIL image processor are
 loaded directly.
 """
+import importlib
+import logging
 import math
 import os
 
@@ -38,10 +42,9 @@ import torch
 import torch.nn as nn
 from PIL import Image, ImageOps
 
-import checkpoint
-import configurator
-import data
-from data import IMAGE_MARKER
+import batching
+from common import Progress, UserError
+from mmeb import IMAGE_MARKER
 
 SYSTEM_PROMPT = "Represent the user's input."
 
@@ -58,11 +61,11 @@ def load_image(image):
                 opened.load()
                 image = ImageOps.exif_transpose(opened)  # a copy, rotated as the camera was held
         except Exception as error:  # missing, unreadable, truncated, not an image, over Pillow's pixel limit
-            raise ValueError(f"cannot read image {os.fspath(image)!r}: {error}") from None
+            raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
     elif isinstance(image, Image.Image) and image.getexif().get(0x0112, 1) != 1:  # 0x0112: EXIF orientation
         image = ImageOps.exif_transpose(image)
     if not isinstance(image, Image.Image):
-        raise ValueError(f"an image must be a file path or a PIL image, got {type(image).__name__}")
+        raise UserError(f"an image must be a file path or a PIL image, got {type(image).__name__}")
     if image.mode in ("I", "F") or image.mode.startswith("I;16"):
         image = Image.fromarray(eight_bit(np.asarray(image)))
     if image.mode == "RGB":
@@ -98,7 +101,7 @@ def image_size(image):
                 width, height = height, width
             return width, height
     except Exception as error:
-        raise ValueError(f"cannot read image {os.fspath(image)!r}: {error}") from None
+        raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
 
 
 def image_name(image):
@@ -110,7 +113,7 @@ def smart_resize(height, width, factor, min_pixels, max_pixels):
     """The size Qwen's image processor resizes to: sides multiples of `factor` (patch * merge), aspect
     ratio kept, pixel count within [min_pixels, max_pixels]."""
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"image aspect ratio {height}x{width} is more than 200")
+        raise UserError(f"image aspect ratio {height}x{width} is more than 200")
     h, w = round(height / factor) * factor, round(width / factor) * factor  # a side may round to 0: then grown
     if h * w > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
@@ -139,9 +142,9 @@ class Preprocessor:
         self.prefix_ids = self.ids(f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n", True)
         self.suffix_ids = self.ids("<|im_end|>\n<|im_start|>assistant\n<|endoftext|>", True)
         if self.suffix_ids[-1] != self.pad_id or self.image_pad_id == tokenizer.unk_token_id:
-            raise ValueError("tokenizer lacks the Qwen special tokens (<|endoftext|>, <|image_pad|>, ...)")
+            raise UserError("tokenizer lacks the Qwen special tokens (<|endoftext|>, <|image_pad|>, ...)")
         if max_length < len(self.prefix_ids) + len(self.suffix_ids) + 1:
-            raise ValueError(f"max_length={max_length} cannot hold the prompt template")
+            raise UserError(f"max_length={max_length} cannot hold the prompt template")
 
     @classmethod
     def from_pretrained(cls, path, max_length=8192, min_pixels=None, max_pixels=None):
@@ -155,7 +158,7 @@ class Preprocessor:
         size["shortest_edge"] = min_pixels or size["shortest_edge"]
         size["longest_edge"] = max_pixels or size["longest_edge"]
         if size["shortest_edge"] > size["longest_edge"]:
-            raise ValueError(f"min_pixels {size['shortest_edge']} > max_pixels {size['longest_edge']}")
+            raise UserError(f"min_pixels {size['shortest_edge']} > max_pixels {size['longest_edge']}")
         image_processor.size = size
         return cls(tokenizer, image_processor, max_length)
 
@@ -171,20 +174,21 @@ class Preprocessor:
 
     def text_ids(self, text, has_image, num_image_tokens):
         """Token ids of the text before and after the image. Without a marker the image leads; without an image
-        the marker is dropped (never fed as literal text). Truncated from the end of the text itself, so the
+        the marker and the newline or space after it are dropped (never fed as literal text: mmE5's rows carry
+        "<|image_1|>\n" in some queries that have no image). Truncated from the end of the text itself, so the
         image placeholders and the closing template always survive."""
         before, marker, after = text.partition(IMAGE_MARKER)
         if not marker:
             before, after = "", text
         after = after.replace(IMAGE_MARKER, "")  # one image per item
         if not has_image:
-            before, after = "", before + after
+            before, after = "", before + (after[1:] if marker and after[:1] in ("\n", " ") else after)
         before_ids, after_ids = self.ids(before) if before else [], self.ids(after) if after else []
         fixed = len(self.prefix_ids) + len(self.suffix_ids) + (num_image_tokens + 2 if has_image else 0)
         budget = self.max_length - fixed
         if budget < 0:
-            raise ValueError(f"an image of {num_image_tokens} tokens does not fit max_length={self.max_length}; "
-                             "lower max_pixels or raise max_length")
+            raise UserError(f"an image of {num_image_tokens} tokens does not fit max_length={self.max_length}; "
+                            "lower max_pixels or raise max_length")
         return before_ids[:budget], after_ids[:max(0, budget - len(before_ids))]
 
     def num_tokens(self, text, image=None):
@@ -195,7 +199,7 @@ class Preprocessor:
             try:
                 grid_h, grid_w = self.image_grid(height, width)
             except ValueError as error:
-                raise ValueError(f"image {image_name(image)}: {error}") from None
+                raise UserError(f"image {image_name(image)}: {error}") from None
             num_image_tokens = grid_h * grid_w // self.merge_size**2
         before, after = self.text_ids(text or "", image is not None, num_image_tokens)
         extra = num_image_tokens + 2 if image is not None else 0
@@ -206,7 +210,7 @@ class Preprocessor:
         {"pixel_values": (P, 3 * patch * patch) uint8 patches, "image_grid_thw": (1, 3)}."""
         text = text or ""
         if not text.strip() and image is None:
-            raise ValueError("an item needs text or an image; this one has neither")
+            raise UserError("an item needs text or an image; this one has neither")
         feature = {}
         num_image_tokens = grid_h = grid_w = 0
         if image is not None:
@@ -214,7 +218,7 @@ class Preprocessor:
             try:
                 feature["pixel_values"], grid_h, grid_w = self.patches(loaded)
             except ValueError as error:  # e.g. an aspect ratio over 200
-                raise ValueError(f"image {image_name(image)}: {error}") from None
+                raise UserError(f"image {image_name(image)}: {error}") from None
             feature["image_grid_thw"] = torch.tensor([[1, grid_h, grid_w]])  # (1, 3)
             num_image_tokens = grid_h * grid_w // self.merge_size**2
         before, after = self.text_ids(text, image is not None, num_image_tokens)
@@ -309,10 +313,10 @@ class Embedder(nn.Module):
         from transformers import AutoConfig, Qwen3_5Model
         path = os.fspath(path)
         if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"{path!r} is not a Hugging Face checkpoint folder (no config.json)")
+            raise UserError(f"{path!r} is not a Hugging Face checkpoint folder (no config.json)")
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         if config.model_type != "qwen3_5":
-            raise ValueError(f"{path}: model_type {config.model_type!r}; this project needs a Qwen3.5 'qwen3_5' checkpoint")
+            raise UserError(f"{path}: model_type {config.model_type!r}; this project needs a Qwen3.5 'qwen3_5' checkpoint")
         model = Qwen3_5Model.from_pretrained(path, config=config, dtype=dtype, local_files_only=True,
                                              attn_implementation="sdpa")
         return cls(model, Preprocessor.from_pretrained(path, max_length, min_pixels, max_pixels))
@@ -348,13 +352,13 @@ class Embedder(nn.Module):
     @torch.no_grad()
     def encode(self, items, batch_size=16, num_workers=0, progress=""):
         """items: list of {"text": str, "image": path | PIL image | None} -> (N, D) float32, in input order.
-        Batches of items of about one length (data.item_batches); num_workers > 0 decodes images in worker
+        Batches of items of about one length (batching.item_batches); num_workers > 0 decodes images in worker
         processes. progress: a label to print items done, items/s and time left under ('' prints nothing)."""
         was_training = self.training
         self.eval()
         out = torch.empty(len(items), self.dim)
-        meter = configurator.Progress(len(items), progress) if progress else None
-        for indices, batch in data.item_batches(items, self.preprocessor, batch_size, num_workers):
+        meter = Progress(len(items), progress) if progress else None
+        for indices, batch in batching.item_batches(items, self.preprocessor, batch_size, num_workers):
             out[indices] = self(**batch).cpu()
             if meter:
                 meter.update(len(indices))
@@ -372,42 +376,75 @@ class Embedder(nn.Module):
             language_model.gradient_checkpointing_enable({"use_reentrant": False})
 
 
-
 # -----------------------------------------------------------------------------
-# checkpoints
+# what the model costs, and which kernels run it
 
-def load_embedder(path, dtype=torch.float32, **preprocessor_args):
-    """Any checkpoint this project meets -> (Embedder, info):
-    - a Hugging Face folder (a release or an export/): loaded as is; info is its pace.json ({} for a release);
-    - a training step folder (out_dir/step_NNNNNN of train.py): its files are verified against pace.json, the
-      backbone it names is loaded with the run's max_length and pixel budget, LoRA adapters are injected if that
-      run trained them, and the sharded weights are read with torch.distributed.checkpoint (in one process, or
-      on every rank alike).
-    A step folder's .metadata is a pickle; it is read by checkpoint.load_state, which builds only the classes
-    such a file holds, so a step folder from elsewhere cannot run code here. export/ (safetensors) is still the
-    format to share: it needs neither this repository nor the backbone folder."""
-    path = os.fspath(path)
-    info = checkpoint.read_info(path)
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return Embedder.from_pretrained(path, dtype, **preprocessor_args), info
-    if not info or not os.path.isfile(os.path.join(path, ".metadata")):
-        raise FileNotFoundError(f"{path!r} is neither a Hugging Face folder (config.json) nor a training step "
-                                f"folder ({checkpoint.INFO} and .metadata)")
-    checkpoint.verify(path)
-    backbone = info["backbone"]
-    if not os.path.isfile(os.path.join(backbone, "config.json")):
-        raise FileNotFoundError(f"{path} was trained from the backbone {backbone!r}, which is not here: put it there "
-                                "(or a link to it), or export the run (train.py --resume=True --export_only=True)")
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-    run = info.get("config", {})  # the run's text and pixel budget, unless the caller sets them (as its export has)
-    trained = {"max_length": run.get("max_length"), "max_pixels": run.get("max_pixels"), "min_pixels": run.get("min_pixels")}
-    embedder = Embedder.from_pretrained(backbone, dtype, **{**{k: v for k, v in trained.items() if v}, **preprocessor_args})
-    if info.get("lora_rank", 0) > 0:
-        from lora import inject_lora
-        inject_lora(embedder.model, info["lora_rank"], info["lora_alpha"])
-    state = {"model": get_model_state_dict(embedder)}
-    checkpoint.load_state(state, path)
-    set_model_state_dict(embedder, state["model"])
-    return embedder, info
+# dense bf16 peak FLOP/s per GPU, matched against torch.cuda.get_device_name() in order (the first match wins)
+PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
+                   ("H20", 148e12), ("A100", 312e12), ("A800", 312e12), ("B200", 2250e12), ("L40S", 362e12))
 
 
+def peak_flops(device):
+    """The dense bf16 peak of this device, for MFU; None on a CPU or an unknown GPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for gpu, flops in PEAK_BF16_FLOPS if gpu in name), None)
+
+
+def step_flops(embedder, chunks, full_finetune):
+    """Useful FLOPs of one training step over these collated chunks (real tokens only, no recomputation): the
+    language model's matmuls at 2N a token forward and 4N (full) or 2N (LoRA: activation gradients only) backward,
+    N without the token embedding (a lookup); the causal attention scores of the full-attention layers (2 T^2 d
+    forward, twice that backward); the frozen vision tower's forward. Gated DeltaNet's state updates (a few % at
+    these sizes) are not counted. For the MFU figure."""
+    text, vision = embedder.model.config.text_config, embedder.model.config.vision_config
+    language = sum(p.numel() for n, p in embedder.model.language_model.named_parameters()
+                   if p.dim() >= 2 and "embed_tokens" not in n)
+    tower = {n: p.numel() for n, p in embedder.model.visual.named_parameters() if p.dim() >= 2 and "pos_embed" not in n}
+    per_patch = sum(v for n, v in tower.items() if "merger" not in n)
+    per_patch += sum(v for n, v in tower.items() if "merger" in n) / vision.spatial_merge_size ** 2
+    attention_width = text.num_attention_heads * text.head_dim
+    full_layers = sum(kind == "full_attention" for kind in text.layer_types)
+    flops = 0.0
+    for chunk in chunks:
+        lengths = chunk["attention_mask"].sum(dim=1).double()  # (B,)
+        flops += (6 if full_finetune else 4) * language * lengths.sum().item()
+        flops += 6 * full_layers * attention_width * (lengths ** 2).sum().item()
+        if chunk["image_grid_thw"] is not None:
+            patches = chunk["image_grid_thw"].prod(dim=1).double()  # (images,)
+            flops += 2 * per_patch * patches.sum().item() + 4 * vision.depth * vision.hidden_size * (patches ** 2).sum().item()
+    return flops
+
+
+class HideKernelFallbackWarning(logging.Filter):
+    """Drops transformers' 'falling back to its reference PyTorch implementation' lines (two per process, at the
+    first forward): kernel_report says it once, in its own words. Installed when this module is imported, so the
+    Python API (load_embedder in a notebook) is as quiet as the scripts."""
+
+    def filter(self, record):
+        return "falling back to its reference PyTorch implementation" not in record.getMessage()
+
+
+logging.getLogger("transformers.integrations.hub_kernels").addFilter(HideKernelFallbackWarning())
+
+
+def kernel_report(device):
+    """One line: which Gated DeltaNet and causal-conv1d code transformers' qwen3_5 runs. It binds them once, when
+    its modeling file is imported: the function from flash-linear-attention (fla) and causal_conv1d if those import,
+    else its reference PyTorch code; the same import look-up here gives the same answer. On a CPU the reference code
+    is the only one there is; on a GPU it is right but slow: pip install -r requirements-gpu.txt."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401 - binds the kernels on import
+
+    def bound(module, names):
+        try:
+            module = importlib.import_module(module)
+            return all(getattr(module, name, None) is not None for name in names)
+        except Exception:  # noqa: BLE001 - transformers treats every import failure as "not installed"
+            return False
+    fla = bound("fla.ops.gated_delta_rule", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
+    conv = bound("causal_conv1d", ["causal_conv1d_fn", "causal_conv1d_update"])
+    where = "as expected on a CPU" if device.type == "cpu" else "slow on a GPU: pip install -r requirements-gpu.txt"
+    return (f"kernels: Gated DeltaNet {'flash-linear-attention' if fla else 'PyTorch reference'}, causal conv1d "
+            f"{'causal_conv1d' if conv else 'PyTorch reference (F.conv1d)'}"
+            + ("" if fla and conv else f" ({where})"))

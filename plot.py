@@ -10,12 +10,12 @@ PIL.Image.Image on white, so callers can put pictures side by side (grid) and wr
 
 line_panels: training curves against step (training_curves reads them from train.py's log.jsonl).
 scatter: log norm product vs cosine, PCA pictures. histogram: cosine distributions of several models.
-retrieval_sheet: what an embedder retrieves. NaN and inf values are skipped; empty, constant and
-single-point data draw without error.
+retrieval_sheet: what an embedder retrieves. NaN and inf values are skipped (a curve breaks there, and its
+panel marks the steps with a red x); empty, constant and single-point data draw without error.
 
 The curves of any run, also one still going; several out_dirs continue one another (Stage I, then II):
 
-    python plot.py out/shapes_stage1 out/shapes_stage2          # -> out/shapes_stage2/curves.png
+    python plot.py out/shapes_stage1 out/shapes_stage2   # -> out/curves_shapes_stage1+shapes_stage2.png (--out=PATH)
 """
 import json
 import math
@@ -25,7 +25,8 @@ import sys
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from data import IMAGE_MARKER
+from common import UserError, install_error_hook, replaced_atomically
+from mmeb import IMAGE_MARKER
 
 FONT = ImageFont.load_default()  # built into Pillow: no font file to find
 TITLE_HEIGHT = 24  # band at the top of a figure that has a title
@@ -41,21 +42,39 @@ PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (148, 103, 189), (140,
 # numbers to pixels
 
 def points(x, y, log_y=False):
-    """(x, y) pairs as an (n, 2) array, without pairs holding NaN or inf (or y <= 0 when log_y)."""
+    """(x, y) pairs as an (n, 2) array, without pairs holding None, NaN or inf (or y <= 0 when log_y)."""
+    return np.concatenate([np.zeros((0, 2))] + segments(x, y, log_y))
+
+
+def segments(x, y, log_y=False):
+    """The runs of finite (x, y) pairs between the pairs holding None, NaN or inf: a curve is never drawn across
+    a gap. -> list of (n, 2) arrays"""
     n = min(len(x), len(y))
-    xy = np.column_stack([np.asarray(x, dtype=float)[:n], np.asarray(y, dtype=float)[:n]])
+    xy = np.column_stack([np.asarray(x, dtype=float)[:n], np.array([np.nan if v is None else v for v in y[:n]],
+                                                                     dtype=float)])
     if log_y:
         xy[:, 1] = np.log10(np.where(xy[:, 1] > 0, xy[:, 1], np.nan))
-    return xy[np.isfinite(xy).all(axis=1)]
+    good = np.isfinite(xy).all(axis=1)
+    cuts = np.flatnonzero(np.diff(np.concatenate([[0], good.astype(int), [0]])))  # starts and ends of the runs
+    return [xy[a:b] for a, b in zip(cuts[::2], cuts[1::2])]
+
+
+def non_finite_steps(x, y):
+    """The x of the pairs whose y is NaN or inf (a value that was recorded as such; None, absent, is not one)."""
+    return [float(a) for a, b in zip(x, y) if b is not None and not math.isfinite(b)]
 
 
 def padded_range(values, pad=0.05):
-    """(low, high) of values widened by pad of the span; no span (one value, or none) gets room round it."""
+    """(low, high) of values widened by pad of the span; no span (one value, none, or a spread within float32
+    rounding of the values, such as norms that are all 8) gets room round it, so rounding noise draws flat."""
     if len(values) == 0:
         return 0.0, 1.0
     low, high = float(np.min(values)), float(np.max(values))
-    room = pad * (high - low) if high > low else abs(low) * 0.1 or 1.0
-    return low - room, high + room
+    if high - low <= 1e-5 * max(abs(low), abs(high)):
+        middle = (low + high) / 2
+        room = abs(middle) * 0.1 or 1.0
+        return middle - room, middle + room
+    return low - pad * (high - low), high + pad * (high - low)
 
 
 def finite(values):
@@ -185,19 +204,27 @@ def draw_panel(draw, box, panel):
     area = (left + MARGINS[0], top + MARGINS[1], right - MARGINS[2], bottom - MARGINS[3])
     log_y = panel.get("log_y", False)
     series = panel.get("series", [])
-    curves = [points(s["x"], s["y"], log_y) for s in series]
+    pieces = [segments(s["x"], s["y"], log_y) for s in series]
+    bad = sorted({x for s in series for x in non_finite_steps(s["x"], s["y"])})
     marks = [(float(x), label) for x, label in panel.get("marks", []) if math.isfinite(x)]
-    pooled = np.concatenate([np.zeros((0, 2))] + curves)
-    x_range = padded_range(np.append(pooled[:, 0], [x for x, _ in marks]), pad=0)  # steps span the width
+    pooled = np.concatenate([np.zeros((0, 2))] + [p for curve in pieces for p in curve])
+    x_range = padded_range(np.append(pooled[:, 0], [x for x, _ in marks] + bad), pad=0)  # steps span the width
     sx, sy = axes(draw, area, x_range, padded_range(pooled[:, 1]), log_y)
+    for x in bad:  # a red x on the bottom edge at each step whose value was NaN or inf
+        px, py = sx(x), area[3] - 5
+        draw.line([(px - 3, py - 3), (px + 3, py + 3)], fill=RED, width=2)
+        draw.line([(px - 3, py + 3), (px + 3, py - 3)], fill=RED, width=2)
+    if bad:
+        draw.text((area[0] + 4, area[3] - 14), f"x: {len(bad)} non-finite", fill=RED, font=FONT, anchor="ls")
     for x, label in marks:
         for y in range(area[1], area[3], 6):  # dashes: 4 pixels drawn, 2 left out
             draw.line([(sx(x), y), (sx(x), min(y + 3, area[3]))], fill=GREY)
         draw.text((sx(x) + 3, area[1] + 2), label, fill=GREY, font=FONT)
-    colours = [PALETTE[i % len(PALETTE)] for i in range(len(curves))]
-    for curve, colour in zip(curves, colours):
-        polyline(draw, [(sx(x), sy(y)) for x, y in curve], colour)
-    if len(curves) > 1:
+    colours = [PALETTE[i % len(PALETTE)] for i in range(len(pieces))]
+    for curve, colour in zip(pieces, colours):
+        for piece in curve:
+            polyline(draw, [(sx(x), sy(y)) for x, y in piece], colour)
+    if len(pieces) > 1:
         legend(draw, (area[2], area[1]), [(s["label"], c) for s, c in zip(series, colours)])
 
 
@@ -373,11 +400,10 @@ def grid(images, columns, titles=None, title=""):
 
 
 def save(image, path):
-    """Write image to path as a PNG through a temporary file, so a crash never leaves half a picture."""
+    """Write image to path as a PNG, atomically (common.replaced_atomically): never half a picture. -> path"""
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    image.save(path + ".tmp.png", format="PNG")
-    os.replace(path + ".tmp.png", path)
+    with replaced_atomically(path) as tmp:
+        image.save(tmp, format="PNG")
     return path
 
 
@@ -399,7 +425,7 @@ def training_curves(log_paths, title=""):
     records, marks = curve_records(log_paths)
     steps = [r["step"] for r in records]
     panels = [{"title": name, "log_y": log_y, "marks": marks,
-               "series": [{"label": key, "x": steps, "y": [r.get(key, math.nan) for r in records]} for key in keys]}
+               "series": [{"label": key, "x": steps, "y": [r.get(key) for r in records]} for key in keys]}
               for name, keys, log_y in CURVES]
     return line_panels(panels, columns=4, title=title or " + ".join(log_paths))
 
@@ -434,9 +460,29 @@ def started_from(log_path, earlier_log_path):
     return int(name[len("step_"):]) if name.startswith("step_") and name[5:].isdigit() and parent == earlier else None
 
 
+def main(argv):
+    """python plot.py OUT_DIR [OUT_DIR ...] [--out=PATH]: the training curves of train.py runs, each out_dir
+    continuing the one before, into PATH (default: beside the runs, curves_<run>+<run>.png); -> the path written."""
+    out = next((a[len("--out="):] for a in argv if a.startswith("--out=")), "")
+    folders = [a for a in argv if not a.startswith("--")]
+    if not folders or any(a.startswith("--") and not a.startswith("--out=") for a in argv):
+        raise UserError("usage: python plot.py OUT_DIR [OUT_DIR ...] [--out=PATH]   (each OUT_DIR a train.py out_dir)")
+    for folder in folders:
+        if not os.path.isdir(folder):
+            raise UserError(f"{folder}: no such folder")
+        if not os.path.isfile(os.path.join(folder, "log.jsonl")):
+            raise UserError(f"{folder}: no log.jsonl in it: not a train.py out_dir, or its run has logged no step yet")
+    logs = [os.path.join(folder, "log.jsonl") for folder in folders]
+    empty = [log for log in logs if not curve_records([log])[0]]
+    for log in empty:
+        print(f"warning: {log} holds no step yet (a run that has just started, or was cut before its first step)")
+    if len(empty) == len(logs):
+        raise UserError("nothing to draw: every log.jsonl is empty")
+    names = "+".join(os.path.basename(os.path.abspath(folder)) for folder in folders)
+    out = out or os.path.join(os.path.dirname(os.path.abspath(folders[-1])), f"curves_{names}.png")
+    return save(training_curves(logs), out)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or any(not os.path.isfile(os.path.join(d, "log.jsonl")) for d in sys.argv[1:]):
-        sys.exit("usage: python plot.py OUT_DIR [OUT_DIR ...]   (each holding train.py's log.jsonl)")
-    path = save(training_curves([os.path.join(d, "log.jsonl") for d in sys.argv[1:]]),
-                os.path.join(sys.argv[-1], "curves.png"))
-    print(f"drew {path}")
+    install_error_hook()
+    print(f"drew {main(sys.argv[1:])}")

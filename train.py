@@ -24,24 +24,26 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
 
+import batching
 import checkpoint
+import common
 import configurator
 import data
 import lora
 import loss
-import mmeb
 import plot
-from configurator import compute_init, kernel_report, peak_flops
-from model import load_embedder
+import train_step
+from checkpoint import load_embedder
+from common import UserError
+from model import kernel_report, peak_flops, step_flops
 
-configurator.install_error_hook()  # a mistake of ours to fix (a bad key, a missing file) ends in one line
+common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a bad row) ends in one line
 # -----------------------------------------------------------------------------
 # config: the paper's Stage I (Table 3); config/*.py files and --key=value override it
 out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json, curves.png and export/ go here
@@ -49,10 +51,13 @@ init_from = "models/Qwen3.5-0.8B-Base"  # a Hugging Face Qwen3.5 folder, or a st
 resume = False  # continue from the newest intact checkpoint in out_dir
 overwrite = False  # a fresh run where an earlier run's checkpoints are: delete them (else the run refuses to start)
 export_only = False  # with resume: write out_dir/export/ from the newest checkpoint and stop
-train_data = ["data/mmE5/train.parquet"]  # paths (JSON Lines / Parquet) or (path, max_rows) pairs, mixed in one run
-image_dir = "data/mmE5/images"  # root that the rows' image paths are relative to
+train_data = ["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic"]  # files, subset folders or download roots, or {"path", "image_dir", "max_rows"} dicts (data.py)
+image_dir = "data/mmE5"  # where the rows' image paths (images/...) are relative to, unless an entry names its own
+train_split = "original"  # the split a subset folder is read through: MMEB-train's 'original' or 'diverse_instruction'
+allow_eval_datasets = False  # let train_data hold rows of MMEB's 16 out-of-distribution evaluation datasets
 allow_any_image_path = False  # let rows name images outside image_dir (absolute paths, ../)
-skip_bad_rows = False  # skip and count malformed rows and undecodable images instead of stopping with an error
+skip_bad_rows = False  # skip and count bad rows (a missing image, an empty query) and undecodable images instead of stopping
+check_data = False  # read every source and row as the run would, report them and exit (0: the run would start, 1: not)
 instructions = "paper"  # MMEB queries: 'paper' = Table 5's instruction per task format (mmeb.py), 'dataset' = their own
 max_iters = 7847  # optimizer steps: one epoch of ~2.0M rows at batch 256 (README, "Batch size")
 batch_size = 256  # global queries per step, split evenly over the ranks
@@ -76,7 +81,7 @@ lora_alpha = 64  # LoRA scale is alpha / rank
 lora_dropout = 0.0  # dropout on the LoRA input
 grad_cache_chunk = 0  # GradCache (Appendix C.1): items per chunk, 0 = off
 micro_batch = 32  # without GradCache: at most this many items a forward call (data.split_by_length)
-num_workers = 8  # DataLoader worker processes per rank (decode, resize, tokenise)
+num_workers = 8  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
 checkpoint_interval = 500  # save a checkpoint every this many steps (and at the last step)
 keep_checkpoints = [2000, 4000, 7847]  # never pruned: Stage II starts from 2,000; Figure 6(a) from 4,000 and 7,847
 keep_last = 2  # newest checkpoints kept besides keep_checkpoints
@@ -94,19 +99,37 @@ wandb_run_name = ""  # W&B run name ('' = out_dir)
 config = configurator.configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
-rank, local_rank, world_size, device = compute_init(device, timeout_minutes)
+for key, allowed in (("similarity", loss.SIMILARITIES), ("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")),
+                     ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset"))):
+    configurator.check_choice(key, config[key], allowed)
+for key in ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"):
+    if config[key] < 1:
+        raise UserError(f"{key} must be at least 1, got {config[key]}")
+
+
+def read_rows(check=False):
+    """The training rows of train_data and their per-subset reports (data.load_train_rows)."""
+    return data.load_train_rows(train_data, image_dir, num_hard_negatives, seed=seed, skip_bad_rows=skip_bad_rows,
+                                allow_any_image_path=allow_any_image_path, instructions=instructions,
+                                train_split=train_split, allow_eval_datasets=allow_eval_datasets, check=check)
+
+
+if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
+    configurator.print_config(config)
+    rows, reports = read_rows(check=True)
+    problems = [f"{r.subset}: {p}" for r in reports for p in r.problems(skip_bad_rows, allow_eval_datasets)]
+    if len(rows) < batch_size:
+        problems.append(f"{len(rows):,} usable rows cannot fill one batch of {batch_size}")
+    print(f"check_data: {len(reports)} subsets, {len(rows):,} usable rows, {sum(sum(r.bad.values()) for r in reports):,} "
+          f"bad; " + ("the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
+    sys.exit(1 if problems else 0)
+
+rank, local_rank, world_size, run_device = common.compute_init(device, timeout_minutes)
 master, distributed = rank == 0, world_size > 1
 if not master:
     sys.stdout = open(os.devnull, "w")  # rank 0 speaks for all; every rank's errors still reach stderr
-for key, allowed in (("similarity", ("cos", "dot")), ("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")),
-                     ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset"))):
-    if config[key] not in allowed:
-        raise ValueError(f"{key} must be one of {allowed}, got {config[key]!r}")
 if batch_size % world_size:
-    raise ValueError(f"batch_size={batch_size} must split evenly over {world_size} ranks")
-for key in ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"):
-    if config[key] < 1:
-        raise ValueError(f"{key} must be at least 1, got {config[key]}")
+    raise UserError(f"batch_size={batch_size} must split evenly over {world_size} ranks")
 ptdtype = getattr(torch, dtype)
 if threads:
     torch.set_num_threads(threads)
@@ -122,7 +145,7 @@ def barrier():
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
 earlier, fresh = checkpoint.earlier_run(out_dir), not (resume or export_only)
 if earlier and fresh and not overwrite:
-    raise FileExistsError(f"{out_dir} holds an earlier run ({', '.join(map(os.path.basename, earlier))}): continue it "
+    raise UserError(f"{out_dir} holds an earlier run ({', '.join(map(os.path.basename, earlier))}): continue it "
                           "with --resume=True, write elsewhere with --out_dir=..., or start over with --overwrite=True "
                           "(deletes them)")
 if master:
@@ -134,7 +157,7 @@ if master:
             checkpoint.remove(path)
         print(f"overwrite=True: deleted the earlier run's {', '.join(map(os.path.basename, earlier))}")
     configurator.print_config(config)
-    configurator.save_config(config, os.path.join(out_dir, "config.json"))
+    common.write_json(os.path.join(out_dir, "config.json"), config)
 barrier()
 resume_from = [checkpoint.newest_intact(out_dir) if master and (resume or export_only) else None]
 if distributed:
@@ -142,7 +165,7 @@ if distributed:
 resume_from = resume_from[0]
 if (resume or export_only) and resume_from is None:
     if export_only:
-        raise FileNotFoundError(f"no intact checkpoint in {out_dir}: nothing to export")
+        raise UserError(f"no intact checkpoint in {out_dir}: nothing to export")
     print(f"no intact checkpoint in {out_dir}: starting fresh")
 
 # -----------------------------------------------------------------------------
@@ -161,51 +184,24 @@ else:
     embedder.requires_grad_(False)
     language_model.requires_grad_(True)  # full fine-tuning; the vision tower stays frozen
 torch.manual_seed(seed + rank)
-if activation_checkpointing:  # before torch 2.13, FSDP2 skipped the bf16 cast of a recomputed unit's inputs when
-    embedder.enable_activation_checkpointing()  # the checkpoint wrapped the unit (pytorch 159359); transformers
-    # checkpoints a layer's forward, inside FSDP2's hooks, so these layers always see bf16 inputs
-embedder.to(device)
-autocast = nullcontext()
-
-
-def fully_shard_embedder():
-    """FSDP2 in torchtitan's order: each decoder layer is a unit (its all-gather overlaps the previous layer's
-    compute), then the root, which holds the embeddings and the frozen vision tower. The tower is not a unit of
-    its own: a rank whose batch has no image never calls it, and a unit's all-gather is a collective every rank
-    must join; in the root it is gathered at every forward. bf16 compute, float32 gradient reduction; the
-    optimizer keeps float32 master weights."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    policy = MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32)
-    for layer in language_model.layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(embedder, mp_policy=policy)
-
-
+# Before torch 2.13, FSDP2 skipped the bf16 cast of a recomputed unit's inputs when the checkpoint wrapped the unit
+# (https://github.com/pytorch/pytorch/issues/159359); transformers checkpoints a layer's forward, inside FSDP2's
+# hooks, so these layers always see bf16 inputs.
+if activation_checkpointing:
+    embedder.enable_activation_checkpointing()
+embedder.to(run_device)
 if distributed:
-    fully_shard_embedder()
-elif ptdtype != torch.float32:
-    autocast = torch.autocast(device.type, dtype=ptdtype)
-trainable = [p for p in embedder.parameters() if p.requires_grad]
+    train_step.fully_shard_embedder(embedder, ptdtype)  # FSDP2: bf16 compute, float32 reduction and master weights
+autocast = train_step.autocast_for(embedder, ptdtype)  # bf16 autocast in one process on a GPU, else none
+trainable = train_step.trainable_parameters(embedder)
 num_trainable, num_language = sum(p.numel() for p in trainable), sum(p.numel() for p in language_model.parameters())
 print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
     f"rank-{lora_rank} LoRA adapters on {len(wrapped)} linear layers of the {(num_language - num_trainable) / 1e6:.2f}M"
     "-parameter language model" if lora_rank > 0 else "the whole language model") + "; the vision tower is frozen")
-print(kernel_report(device))
-
-
-def adamw_options(torch_version, device_type, sharded):
-    """AdamW's implementation for this torch and device. Fused (one kernel for all parameters) is the fastest on
-    CUDA, but on FSDP2's DTensor parameters torch 2.10 and 2.11 leak host memory with it, about one DTensorSpec
-    per tensor per step (pytorch issues 181761, 188174): foreach there. On a CPU, foreach."""
-    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
-    if device_type == "cuda" and not (sharded and (major, minor) in ((2, 10), (2, 11))):
-        return {"fused": True}
-    return {"foreach": True}
-
-
-decay, no_decay = [p for p in trainable if p.dim() >= 2], [p for p in trainable if p.dim() < 2]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                              lr=learning_rate, betas=adam_betas, **adamw_options(torch.__version__, device.type, distributed))
+print(kernel_report(run_device))
+optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
+loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,
+                 focal_temperature=focal_temperature, weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
 
 
 def get_lr(it):
@@ -223,19 +219,21 @@ def get_lr(it):
 # data: this rank's share of each global batch, decoded and tokenised in worker processes
 
 preprocessor = embedder.preprocessor
-query_instructions = mmeb.Instructions(instructions)
-rows = data.load_train_rows(train_data, image_dir, num_hard_negatives, seed=seed, skip_bad_rows=skip_bad_rows,
-                            allow_any_image_path=allow_any_image_path, instructions=query_instructions)
-if query_instructions.counts:
-    print(f"instructions='{instructions}' on the queries: {query_instructions.summary()}")
-dataset = data.TrainDataset(rows, preprocessor, skip_bad_rows)
-sampler = data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
+rows, reports = read_rows()  # every rank reads all rows alike (the sampler picks each rank's share)
+if allow_eval_datasets and any(r.leak for r in reports):
+    print("allow_eval_datasets=True: training on " + ", ".join(sorted({r.dataset for r in reports if r.leak})) +
+          ", MMEB out-of-distribution evaluation datasets: their MMEB scores are no longer out of distribution")
+dataset = batching.TrainDataset(rows, preprocessor, skip_bad_rows)
+sampler = batching.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
 # Each side's items are sorted by length and cut into chunks, one forward call each: short items do not pad to
 # the longest of the batch. The number of chunks depends on the item count alone, never on tokens: every rank
 # makes the same number of forward calls, each FSDP2 forward being a collective.
-collate = data.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
-loader_args = dict(batch_sampler=sampler, num_workers=num_workers, collate_fn=collate, pin_memory=device.type == "cuda")
-print(f"{len(dataset):,} training rows, {sampler.batches_per_epoch:,} steps an epoch at batch {batch_size}")
+collate = batching.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
+workers = common.worker_count(num_workers)
+loader_args = dict(batch_sampler=sampler, num_workers=workers, collate_fn=collate, pin_memory=run_device.type == "cuda")
+print(f"{len(dataset):,} training rows, {sampler.batches_per_epoch:,} steps an epoch at batch {batch_size}"
+      + (f"; {workers} DataLoader workers (num_workers={num_workers}, more than this rank's cores)"
+         if workers < num_workers else ""))
 
 
 # -----------------------------------------------------------------------------
@@ -255,7 +253,7 @@ def save_checkpoint(step):
     barrier()
     model_state, optim_state = get_state_dict(embedder, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
-    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None}
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if run_device.type == "cuda" else None}
     torch.save(rng, os.path.join(tmp, f"rng_rank{rank}.pt"))
     barrier()
     files = checkpoint.record_files(tmp, rank, world_size)
@@ -280,7 +278,7 @@ def load_checkpoint(path):
     if os.path.isfile(rng_path) and info.get("world_size") == world_size:
         rng = checkpoint.load_rng(rng_path)
         torch.set_rng_state(rng["cpu"])
-        if rng["cuda"] is not None and device.type == "cuda":
+        if rng["cuda"] is not None and run_device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"])
     return info
 
@@ -290,76 +288,13 @@ def export(step):
     print(f"exporting {export_dir} ...", flush=True)
     state = get_model_state_dict(embedder, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master:
-        state = lora.merge_lora_state_dict(state, lora_alpha / lora_rank if lora_rank > 0 else 0.0)
+        state = lora.merge_lora_state_dict(state, lora_alpha)
         info = {"step": step, "backbone": backbone, "similarity": similarity, "lora_rank": 0,
                 "trained_lora_rank": lora_rank, "config": config}
         checkpoint.save_hf_folder(state, backbone, export_dir, info, checkpoint.model_card(info, export_dir),
                                   image_size=preprocessor.image_processor.size)  # the pixel budget it trained at
         print(f"exported {export_dir}")
     barrier()
-
-
-def parameters_finite():
-    """True when every trainable parameter is finite on every rank: a checkpoint is only written then."""
-    local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in trainable)
-    flag = torch.tensor(float(local), device=device)
-    if distributed:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag)
-
-
-# -----------------------------------------------------------------------------
-# the training step
-
-def embed(chunk):
-    """One collated chunk of this rank's batch -> (B, D) float32 embeddings."""
-    with autocast:
-        return embedder(**chunk)
-
-
-def compute_loss(q, c, targets):
-    """eqs. (3)-(7) over the global batch (loss.py) -> (loss, statistics)."""
-    return loss.pace_loss(q, c, targets.to(device), similarity=similarity, temperature=temperature,
-                          focal_gamma=focal_gamma, focal_temperature=focal_temperature, weighting=weighting)
-
-
-def forward_backward(batch):
-    """Embed the batch, compute the loss and backpropagate. -> the loss statistics.
-    Plain: one graph over every chunk, one backward. GradCache (Appendix C.1), a large batch in the memory of
-    one chunk: 1) embed every chunk without a graph; 2) the loss, and its gradient with respect to those
-    embeddings; 3) embed each chunk again, with a graph, and backpropagate its share of that gradient. The same
-    gradients as the plain step: each re-embedding replays its first pass's RNG state (dropout draws the same
-    masks), and FSDP2 reduces gradients once, after the last chunk."""
-    if not grad_cache_chunk:
-        q = torch.cat([embed(chunk) for chunk in batch["query"]])  # (n, D)
-        c = torch.cat([embed(chunk) for chunk in batch["candidate"]])  # (n * (1 + K), D)
-        batch_loss, stats = compute_loss(q, c, batch["targets"])
-        batch_loss.backward()
-        return stats
-    chunks = batch["query"] + batch["candidate"]
-    rng_states, embeddings = [], []
-    with torch.no_grad():  # 1)
-        for chunk in chunks:
-            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if device.type == "cuda" else None))
-            embeddings.append(embed(chunk).requires_grad_())
-    num_query_chunks = len(batch["query"])
-    q, c = torch.cat(embeddings[:num_query_chunks]), torch.cat(embeddings[num_query_chunks:])
-    batch_loss, stats = compute_loss(q, c, batch["targets"])
-    batch_loss.backward()  # 2) d loss / d embedding into each embeddings[i].grad
-    for i, (chunk, cached, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, embeddings, rng_states)):  # 3)
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng)
-        if distributed:
-            embedder.set_requires_gradient_sync(i == len(chunks) - 1)
-        embed(chunk).backward(cached.grad)
-    return stats
-
-
-def clip_gradients():
-    """Clip the global gradient norm to grad_clip; -> the norm before clipping (the same on every rank)."""
-    norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip if grad_clip > 0 else float("inf"))
-    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
 
 
 # -----------------------------------------------------------------------------
@@ -379,9 +314,9 @@ if master:  # log.jsonl holds this run's steps: a resumed run drops what came af
     with open(log_path, "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in records if record["step"] <= step)
 if wandb_log and master:
-    wandb = configurator.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
+    wandb = common.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
 
-gpu_peak = peak_flops(device)
+gpu_peak = peak_flops(run_device)
 window = dict(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=time.time(), step=step)  # since the last line
 start = time.time()
 
@@ -394,7 +329,7 @@ def log_step(step, stats, lr, grad_norm):
               "grad_norm": grad_norm, "tokens_per_s": window["tokens"] * world_size / interval,  # padding included
               "padding": 1 - window["real"] / max(window["tokens"], 1), "bad_steps": bad_steps_total,
               "skipped_rows": skipped_rows_total, **{k: v for k, v in stats.items() if k != "loss"}}
-    if device.type == "cuda":
+    if run_device.type == "cuda":
         record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
     if gpu_peak:
         record["mfu"] = window["flops"] / interval / gpu_peak  # this rank's useful FLOP/s against its GPU's peak
@@ -407,7 +342,7 @@ def log_step(step, stats, lr, grad_norm):
     print(f"step {step}/{max_iters} | loss {stats['loss']:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
           f"pos_prob {stats['pos_prob']:.3f} | q_norm {stats['query_norm']:.2f} | {record['tokens_per_s']:,.0f} tok/s"
           + (f" | mfu {record['mfu']:.1%}" if gpu_peak else "")
-          + f" | {configurator.duration(now - start)} elapsed, ~{configurator.duration(left)} left", flush=True)
+          + f" | {common.duration(now - start)} elapsed, ~{common.duration(left)} left", flush=True)
     if skipped:  # every rank's count; rank 0's own rows for the example
         example = f", e.g. {window['skipped'][0]}" if window["skipped"] else ""
         print(f"  skipped {skipped} rows that do not decode ({skipped_rows_total} in all){example}")
@@ -425,8 +360,8 @@ while step < max_iters:
     lr = get_lr(step - 1)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    stats = forward_backward(batch)
-    grad_norm = clip_gradients()
+    stats = train_step.forward_backward(embedder, batch, loss_args, grad_cache_chunk, autocast)
+    grad_norm = train_step.clip_gradients(trainable, grad_clip)
     problem = ("a non-finite loss or gradient" if not (math.isfinite(stats["loss"]) and math.isfinite(grad_norm))
                else "collapsed embeddings (every logit of a query alike)" if loss.collapsed(stats) else "")
     if not problem:  # the same verdict on every rank: the loss and the norm are global
@@ -440,11 +375,11 @@ while step < max_iters:
     chunks = batch["query"] + batch["candidate"]
     window["real"] += sum(int(chunk["attention_mask"].sum()) for chunk in chunks)
     window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)
-    window["flops"] += configurator.step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
+    window["flops"] += step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
     window["skipped"] += batch["skipped"]
     # this rank's undecodable rows and whether it has been 30 s since the last line, summed over the ranks, so
     # every rank logs (a collective, for the skipped count) at the same steps
-    counts = torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30)], device=device)
+    counts = torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30)], device=run_device)
     if distributed:
         dist.all_reduce(counts)
     window["skipped_count"] += int(counts[0])
@@ -454,7 +389,7 @@ while step < max_iters:
     if bad_in_row >= max_bad_steps:
         break
     if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints:
-        finite = not problem and parameters_finite()  # a checkpoint only of weights that are all numbers
+        finite = not problem and train_step.parameters_finite(trainable)  # a checkpoint only of weights that are numbers
         if finite:
             save_checkpoint(step)
         else:

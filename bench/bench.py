@@ -1,14 +1,15 @@
 """
 bench/bench.py: PACE's speed against the floor. One script, one table (in the spirit of nanoGPT's bench.py).
 
-    python bench/bench.py                                  # CPU: tiny Qwen3.5 + toy data, about two minutes
-    python bench/bench.py --sections=padding               # one section only (here: seconds)
-    python bench/bench.py --fsdp=True                      # the step through FSDP2, as train.py runs on 8 GPUs
-    python bench/bench.py --shape=qwen3.5-0.8b             # GPU: random weights in the real shapes, the paper's batch
-    python bench/bench.py --shape=qwen3.5-2b --out=bench/out/2b.json --compare=bench/out/2b_before.json
+    python -m bench.bench                                  # CPU: tiny Qwen3.5 + toy data, about two minutes
+    python -m bench.bench --sections=padding               # one section only (here: seconds)
+    python -m bench.bench --sections=startup               # reading and checking 200,000 rows in the real layout
+    python -m bench.bench --fsdp=True                      # the step through FSDP2, as train.py runs on 8 GPUs
+    python -m bench.bench --shape=qwen3.5-0.8b             # GPU: random weights in the real shapes, the paper's batch
+    python -m bench.bench --shape=qwen3.5-2b --out=bench/out/2b.json --compare=bench/out/2b_before.json
     bash bench/gpu.sh                                      # a GPU machine: both shapes, tables to $OUT
 
-The step timed is train.py's own code (train_functions compiles it from train.py's source). Each timing is a
+The step timed is train.py's own: the functions of train_step.py that train.py's loop calls. Each timing is a
 ratio taken side by side: round-robin, the median over `iters` rounds (after `warmup`) of the ratio within a
 round, so the machine's speed and its drift cancel out.
 1. step: the whole PACE step (embed, loss eqs. (3)-(7), backward, clipping, AdamW) over its floor, the
@@ -18,7 +19,7 @@ round, so the machine's speed and its drift cancel out.
    so its own floor adds one no-grad forward of all chunks, and the goal is on that ratio.
 2. padding: the share of computed positions that are padding, and the forward calls a batch, under three cuts
    of each side: ceil(n / max_items) near-equal chunks in the batch's order or length-sorted (the simple rule),
-   and data.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
+   and batching.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
    (synthetic.py). Goal <= 10 %. Sorting acts within a batch: which rows meet stays random.
 3. cut: the plain step's time under the least-padding cut over the simple rule's, on the same MMEB-shaped rows
    (at most 3 rounds after 1).
@@ -26,12 +27,15 @@ round, so the machine's speed and its drift cancel out.
 5. data: items/s per DataLoader worker (JPEG decode, resize, patchify, tokenise, collate); on GPU the headroom
    of `num_workers` workers over the Stage I step.
 6. eval: Embedder.encode items/s and, on the toy set, eval.py's dedup factor (references / distinct items).
-On a GPU the step rows add tokens/s, MFU (configurator.step_flops over configurator.peak_flops) and peak
-memory; the header says which Gated DeltaNet kernels run (configurator.kernel_report). --fsdp=True joins a
-one-rank process group (gloo on CPU, NCCL on CUDA), shards both stages' models with train.py's
-fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs; it measures step and cut.
+7. startup (not in the default sections): data.load_train_rows on 200,000 synthetic rows in the real mmE5 layout
+   (Parquet, negatives as list-literal strings with '' entries, images/<Subset>/Train/ paths, 20 subsets), as
+   --check_data=True reads them and as a training start reads them: rows per second, and the memory a row costs
+   once packed (data.PackedRows); every rank holds all rows.
+On a GPU the step rows add tokens/s, MFU (model.step_flops over model.peak_flops) and peak memory; the header
+says which Gated DeltaNet kernels run (model.kernel_report). --fsdp=True joins a one-rank process group (gloo on
+CPU, NCCL on CUDA), shards both stages' models with train_step.fully_shard_embedder and runs forward_backward's
+distributed path, as on 8 GPUs; it measures step and cut.
 """
-import ast
 import functools
 import json
 import math
@@ -41,23 +45,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
-# `python bench/bench.py` from anywhere: the repository root (the project's modules), data/shapes (the toy data)
-# and this folder (synthetic.py)
+import torch
+import torch.distributed as dist
+
+import batching
+import common
+import train_step
+from bench import synthetic  # the data, models and cuts measured on; its constants are not config keys
+from configurator import configure
+from model import Preprocessor, kernel_report, peak_flops, step_flops
+from shapes.tiny_model import make_tiny_checkpoint
+
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(_here), os.path.join(os.path.dirname(_here), "data", "shapes"), _here]
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-import data  # noqa: E402
-import loss  # noqa: E402
-from configurator import compute_init, configure, kernel_report, peak_flops, step_flops  # noqa: E402
-from model import Preprocessor  # noqa: E402
-import synthetic  # noqa: E402  (the data, models and cuts measured on; its constants are not config keys)
-from tiny_model import make_tiny_checkpoint  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # config (--key=value, as train.py)
@@ -78,10 +79,11 @@ threads = 1  # torch threads on a CPU run: one keeps timings steady; OpenMP barr
 eval_items = 512  # items Embedder.encode is timed on (a seeded sample; the dedup factor counts them all)
 iters = 10  # timed rounds per figure (median)
 warmup = 2  # untimed rounds first
-sections = "step,padding,cut,lora,data,eval"  # which figures to measure, comma-separated
+sections = "step,padding,cut,lora,data,eval"  # which figures to measure, comma-separated (also: startup)
 seed = 0  # seeds the synthetic data
 out = ""  # also write the results as JSON here (rewritten after every row: a run cut short keeps what it did)
 compare = ""  # a previous --out JSON: ratios more than 10 % worse than there are flagged REGRESSION
+startup_rows = 200_000  # rows the startup section reads
 config = configure(globals(), sys.argv[1:]) if __name__ == "__main__" else {}
 real_shape = shape != "tiny"  # the defaults that depend on the shape (0 or None above)
 batch_size = batch_size or (32 if real_shape else 8)
@@ -89,62 +91,47 @@ grad_cache_batch = grad_cache_batch or (128 if real_shape else batch_size)
 activation_checkpointing = real_shape if activation_checkpointing is None else activation_checkpointing
 # -----------------------------------------------------------------------------
 
-TRAIN_PY = os.path.join(os.path.dirname(_here), "train.py")
-STEP_FUNCTIONS = ["embed", "compute_loss", "forward_backward", "clip_gradients"]  # train.py's training step
 STAGES = [("Stage I (LoRA, cos)", dict(similarity="cos", temperature=0.1), 2e-5),  # name, loss, learning rate
           ("Stage II (full, dot)", dict(similarity="dot", temperature=100.0), 2e-6)]
+FOCAL = dict(focal_gamma=2.0, focal_temperature=0.1, weighting="focal")  # the paper's Focal Embedding Loss, both stages
 ROW_ITEMS = 2 + num_hard_negatives  # items a row: the query, its positive, its hard negatives
 
 
 # -----------------------------------------------------------------------------
-# train.py's code, bound to this script's objects
+# the step as train.py takes it
 
-def train_functions(names, namespace):
-    """Compile the top-level functions `names` of train.py from its source into `namespace` (a dict), which then
-    serves as their module globals: their free names (embedder, device, torch, ...) are looked up there when they
-    run, so the caller fills it with its own objects. No file may import train.py (that runs a training); this
-    is how bench and the tests run the very code that trains, line numbers and all. -> the functions, in order"""
-    tree = ast.parse(Path(TRAIN_PY).read_text(), TRAIN_PY)
-    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
-    missing = set(names) - {node.name for node in found}
-    if missing:
-        raise ValueError(f"train.py has no top-level function {', '.join(sorted(missing))}")
-    exec(compile(ast.Module(body=found, type_ignores=[]), TRAIN_PY, "exec"), namespace)
-    return [namespace[name] for name in names]
+def step_code(embedder, loss_args, grad_cache, autocast):
+    """What one measured step needs: the embedder, its trainable parameters, the loss arguments (the stage's
+    similarity and temperature, the paper's focal settings) and the GradCache chunk (0: plain)."""
+    return {"embedder": embedder, "trainable": train_step.trainable_parameters(embedder), "autocast": autocast,
+            "loss_args": {**loss_args, **FOCAL}, "grad_cache_chunk": grad_cache_chunk if grad_cache else 0,
+            "device": embedder.pixel_table.device}
 
 
-def training_code(embedder, trainable, loss_args, grad_cache, distributed, device, autocast):
-    """train.py's step for this model, stage and mode: a namespace holding STEP_FUNCTIONS and the names of train.py's
-    module that they read, at the paper's focal settings and grad_clip 1.0."""
-    code = dict(torch=torch, loss=loss, embedder=embedder, trainable=trainable, device=device, autocast=autocast,
-                distributed=distributed, grad_cache_chunk=grad_cache_chunk if grad_cache else 0, grad_clip=1.0,
-                focal_gamma=2.0, focal_temperature=0.1, weighting="focal", **loss_args)
-    train_functions(STEP_FUNCTIONS, code)
-    return code
-
-
-def train_step(code, optimizer, batch):
-    """One optimizer step as train.py's loop takes it: forward_backward, clip_gradients, AdamW, zero_grad."""
-    stats = code["forward_backward"](batch)
-    grad_norm = code["clip_gradients"]()
+def train_step_once(code, optimizer, batch):
+    """One optimizer step as train.py's loop takes it: forward_backward, clip_gradients (grad_clip 1.0, as the
+    paper's runs), AdamW, zero_grad."""
+    stats = train_step.forward_backward(code["embedder"], batch, code["loss_args"], code["grad_cache_chunk"],
+                                        code["autocast"])
+    grad_norm = train_step.clip_gradients(code["trainable"], 1.0)
     if math.isfinite(stats["loss"]) and math.isfinite(grad_norm):  # train.py skips such an update too
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
 def floor_step(code, batch, one_graph):
-    """The floor: the embedder's forward and backward of the same chunks through train.py's embed, the sum of the
+    """The floor: the embedder's forward and backward of the same chunks through train_step.embed, the sum of the
     embeddings as the loss, gradients dropped after (as zero_grad does). one_graph: one backward over all chunks, as
     the plain step must (its loss couples them); else one per chunk, as GradCache's second pass (under FSDP2
     reducing gradients after the last chunk only, as there)."""
-    chunks = batch["query"] + batch["candidate"]
+    chunks, embedder = batch["query"] + batch["candidate"], code["embedder"]
     if one_graph:
-        sum(code["embed"](chunk).sum() for chunk in chunks).backward()
+        sum(train_step.embed(embedder, chunk, code["autocast"]).sum() for chunk in chunks).backward()
     else:
         for i, chunk in enumerate(chunks):
-            if code["distributed"]:
-                code["embedder"].set_requires_gradient_sync(i == len(chunks) - 1)
-            code["embed"](chunk).sum().backward()
+            if fsdp:
+                embedder.set_requires_gradient_sync(i == len(chunks) - 1)
+            train_step.embed(embedder, chunk, code["autocast"]).sum().backward()
     for p in code["trainable"]:
         p.grad = None
 
@@ -255,10 +242,11 @@ def measure_steps(results, stages, batches):
 def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetune):
     """Section 1, one row: a step (plain or GradCache) against its floor."""
     device, (chunks, real, padding) = code["device"], batch_tokens(batch)
-    functions = {"step": lambda: train_step(code, optimizer, batch),
+    functions = {"step": lambda: train_step_once(code, optimizer, batch),
                  "floor": lambda: floor_step(code, batch, one_graph=not grad_cache)}
     if grad_cache:  # GradCache's first pass, which its own floor adds: every chunk embedded without a graph
-        functions["no_grad_forward"] = torch.no_grad()(lambda: [code["embed"](chunk) for chunk in chunks])
+        functions["no_grad_forward"] = torch.no_grad()(
+            lambda: [train_step.embed(code["embedder"], chunk, code["autocast"]) for chunk in chunks])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     long_step = grad_cache and device.type == "cuda" and grad_cache_batch > batch_size  # fewer rounds
@@ -284,15 +272,15 @@ def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetun
 
 def measure_padding(results, toy_dataset):
     """Section 2: padding share and forward calls a batch under each cut. Positions are counted from the lengths,
-    as data.collate_train pads: each chunk to its longest item."""
+    as batching.collate_train pads: each chunk to its longest item."""
     data_sets = synthetic.padding_batches(toy_dataset, num_hard_negatives, max_pixels, seed)  # name -> batches
     tokens_per_row = sum(map(sum, sum(data_sets["mix"], []))) / (32 * len(data_sets["mix"]))
-    print(f"2. padding: share of computed positions (each side cut apart, as data.collate_train) and forward calls a "
+    print(f"2. padding: share of computed positions (each side cut apart, as batching.collate_train) and forward calls a "
           f"batch, over batches of 32 rows: {len(data_sets.get('toy', []))} toy, 100 MMEB-shaped ({tokens_per_row:,.0f}"
           f" real tokens a row); goal <= 10 % with the cut train.py uses", flush=True)
     for label, max_items in [("one chunk per side", None), (f"micro_batch {micro_batch}", micro_batch),
                              (f"GradCache {grad_cache_chunk}", grad_cache_chunk)]:
-        for cut, split in synthetic.CUTS.items() if max_items else [("", data.split_by_length)]:
+        for cut, split in synthetic.CUTS.items() if max_items else [("", batching.split_by_length)]:
             row, parts = {"name": f"{label}, {cut}" if cut else label}, []
             for key, batches in data_sets.items():
                 lengths = sum(batches, [])  # every side of every batch
@@ -307,7 +295,7 @@ def measure_padding(results, toy_dataset):
 def measure_cuts(results, stages, items, preprocessor):
     """Section 3: each stage's plain step on the same rows under the least-padding cut and the simple rule."""
     print(f"3. cut: the plain step on {batch_size} MMEB-shaped rows, micro_batch {micro_batch}: the least-padding "
-          f"cut (data.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
+          f"cut (batching.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
     batches = {cut: synthetic.collate(preprocessor, items, micro_batch, synthetic.CUTS[cut])
                for cut in ("sorted, equal chunks", "least padding")}
     for name, optimizer, code in stages:
@@ -316,7 +304,7 @@ def measure_cuts(results, stages, items, preprocessor):
 
 def measure_cut(results, name, code, optimizer, batches):
     """Section 3, one row: over at most 3 rounds after 1 (its steps are long)."""
-    times, seconds = side_by_side({cut: functools.partial(train_step, code, optimizer, batch)
+    times, seconds = side_by_side({cut: functools.partial(train_step_once, code, optimizer, batch)
                                    for cut, batch in batches.items()}, code["device"], min(iters, 3), min(warmup, 1))
     row = {"name": name, "ratio": paired_ratio(times["least padding"], times["sorted, equal chunks"])}
     for cut, batch in batches.items():
@@ -350,8 +338,8 @@ def measure_data(results, preprocessor, folder):
     against what the Stage I step of section 1 consumes."""
     print("5. data loading: TrainDataset + collate_train in one process, as one DataLoader worker", flush=True)
     rows = synthetic.jpeg_rows(folder, 4 * batch_size, num_hard_negatives, max_pixels, seed)
-    dataset = data.TrainDataset(rows, preprocessor)
-    collate_fn = data.collate_train(preprocessor, max_items=micro_batch)  # as train.py's DataLoader without GradCache
+    dataset = batching.TrainDataset(rows, preprocessor)
+    collate_fn = batching.collate_train(preprocessor, max_items=micro_batch)  # as train.py's DataLoader without GradCache
     collate_fn([dataset[i] for i in range(batch_size)])  # warm-up: imports, tokenizer caches
     start = time.perf_counter()
     for k in range(4):
@@ -382,49 +370,81 @@ def measure_eval(results, embedder, toy, device):
                              f"workers){dedup}")
 
 
+def measure_startup(results, num_rows):
+    """Section 7: reading num_rows rows of a synthetic mmE5 download (synthetic.mmE5_download) as --check_data=True
+    reads them (every row, every image path) and as a training start reads them (then packed), each in a process of
+    its own: rows per second, the packed rows' bytes a row (what every rank holds for the whole run) and the growth
+    of the resident memory to its peak while reading, a row. Both scale with the rows: the paper's 2.03M is
+    extrapolated from them."""
+    print(f"7. start-up: {num_rows:,} rows in the mmE5-MMEB-hardneg layout (20 subsets, list-literal negatives), "
+          "each reading in a process of its own", flush=True)
+    measured = {}
+    with tempfile.TemporaryDirectory(prefix="pace_startup_") as folder:
+        root = synthetic.mmE5_download(folder, num_rows, num_hard_negatives, seed)
+        for mode in ("check", "train"):
+            run = subprocess.run([sys.executable, "-m", "bench.synthetic", root, folder, str(num_hard_negatives),
+                                  str(seed), mode], cwd=os.path.dirname(_here), capture_output=True, text=True)
+            if run.returncode:
+                raise RuntimeError(f"bench.synthetic {mode} failed: {run.stderr[-2000:]}")
+            measured[mode] = json.loads(run.stdout.strip().splitlines()[-1])
+    check, train = measured["check"], measured["train"]
+    paper = 2_030_000
+    per_row = {key: train[key] / train["rows"] for key in ("seconds", "peak_growth", "packed")}
+    row = {"name": "startup", "rows": train["rows"], "subsets": train["subsets"],
+           "check_data_rows_per_s": check["rows"] / check["seconds"], "training_start_rows_per_s": 1 / per_row["seconds"],
+           "packed_bytes_per_row": per_row["packed"], "peak_growth_bytes_per_row": per_row["peak_growth"],
+           "paper_rows": paper, "paper_check_data_s": paper * check["seconds"] / check["rows"],
+           "paper_training_start_s": paper * per_row["seconds"], "paper_packed_gb": paper * per_row["packed"] / 2**30,
+           "paper_peak_growth_gb": paper * per_row["peak_growth"] / 2**30}
+    results.add("startup", row, f"  check_data {row['check_data_rows_per_s']:,.0f} rows/s | training start "
+                f"{row['training_start_rows_per_s']:,.0f} rows/s | {per_row['packed']:,.0f} bytes a row packed, peak "
+                f"growth {per_row['peak_growth']:,.0f} bytes a row | the paper's {paper:,} rows: check_data about "
+                f"{row['paper_check_data_s']:,.0f} s, training start about {row['paper_training_start_s']:,.0f} s and "
+                f"{row['paper_packed_gb']:.2f} GB packed per rank (peak {row['paper_peak_growth_gb']:.2f} GB)")
+
+
 # -----------------------------------------------------------------------------
 # the model, its two stages, the process group
 
 def shard(models, ptdtype, results):
-    """FSDP2 exactly as train.py shards: its own fully_shard_embedder, bound to each model; the header says so."""
+    """FSDP2 exactly as train.py shards: train_step.fully_shard_embedder on each model; the header says so."""
     from torch.distributed.tensor import DTensor
     for model in models:
-        fully_shard_embedder, = train_functions(["fully_shard_embedder"], dict(
-            torch=torch, embedder=model, language_model=model.model.language_model, ptdtype=ptdtype))
-        fully_shard_embedder()
+        train_step.fully_shard_embedder(model, ptdtype)
     sharding = results.data["header"]["sharding"] = {
         "backend": dist.get_backend(), "world_size": dist.get_world_size(),
         "dtensor_parameters": all(isinstance(p, DTensor) for m in models for p in m.parameters())}
-    print(f"FSDP2 (train.py's fully_shard_embedder): {sharding}; sections step and cut only", flush=True)
+    print(f"FSDP2 (train_step.fully_shard_embedder): {sharding}; sections step and cut only", flush=True)
     results.write()
 
 
-def train_stages(models, device, autocast):
-    """Each stage's name, AdamW (train.py's adamw_options) and train.py's step code, plain and with GradCache.
-    -> [(name, optimizer, {grad_cache: code})]"""
-    adamw_options, = train_functions(["adamw_options"], {})
+def train_stages(models, autocast):
+    """Each stage's name, AdamW (train_step.adamw, as train.py builds it) and its step code, plain and with
+    GradCache. -> [(name, optimizer, {grad_cache: code})]"""
     stages = []
     for (name, loss_args, learning_rate), model in zip(STAGES, models):
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=0.0,
-                                      **adamw_options(torch.__version__, device.type, fsdp))
-        stages.append((name, optimizer, {grad_cache: training_code(model, trainable, loss_args, grad_cache, fsdp,
-                                                                    device, autocast) for grad_cache in (False, True)}))
+        optimizer = train_step.adamw(model, learning_rate, (0.9, 0.999), 0.0, sharded=fsdp)
+        stages.append((name, optimizer, {grad_cache: step_code(model, loss_args, grad_cache, autocast)
+                                         for grad_cache in (False, True)}))
     return stages
 
 
 def main():
     """Build the model, its two stages and the batches, then measure the wanted sections in order."""
     if real_shape and shape not in synthetic.SHAPES:
-        raise ValueError(f"shape must be 'tiny' or one of {sorted(synthetic.SHAPES)}, got {shape!r}")
+        raise common.UserError(f"shape must be 'tiny' or one of {sorted(synthetic.SHAPES)}, got {shape!r}")
     if fsdp and "RANK" not in os.environ:  # outside torchrun: join a one-rank process group, as train.py's ranks do
         synthetic.one_rank_torchrun()
-    run_device = compute_init(device)[3]  # as train.py takes it (NCCL on CUDA, gloo on CPU)
+    run_device = common.compute_init(device)[3]  # as train.py takes it (NCCL on CUDA, gloo on CPU)
     if run_device.type == "cpu" and threads:
         torch.set_num_threads(threads)
     ptdtype = getattr(torch, dtype)  # 'float32' or 'bfloat16'; under FSDP2 its MixedPrecisionPolicy casts instead
-    autocast = torch.autocast(run_device.type, dtype=ptdtype) if ptdtype != torch.float32 and not fsdp else nullcontext()
     wanted = set(sections.split(",")) & {"step", "cut"} if fsdp else set(sections.split(","))
+    if wanted == {"startup"}:  # no model needed
+        results = Results(out, compare)
+        results.data["header"] = {"sections": sections, "startup_rows": startup_rows, "seed": seed}
+        measure_startup(results, startup_rows)
+        return
     temporary = tempfile.TemporaryDirectory(prefix="pace_bench_", ignore_cleanup_errors=True)  # removed at exit
     torch.manual_seed(seed)
     checkpoint = make_tiny_checkpoint(os.path.join(temporary.name, "tiny"), seed=seed)
@@ -443,7 +463,8 @@ def main():
     models = synthetic.stage_models(embedder.to(run_device), lora_rank, activation_checkpointing)
     if fsdp:
         shard(models, ptdtype, results)
-    stages = train_stages(models, run_device, autocast)
+    autocast = train_step.autocast_for(models[0], ptdtype)  # as train.py: none under FSDP2 or in float32
+    stages = train_stages(models, autocast)
     batches = {False: synthetic.collate(embedder.preprocessor, items[:batch_size], micro_batch),  # without GradCache
                True: synthetic.collate(embedder.preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # with it
 
@@ -457,16 +478,19 @@ def main():
         measure_cuts(results, stages, rows, mix_preprocessor)
     merged = models[1].requires_grad_(False)  # from here on Stage II's model is frozen
     if "lora" in wanted:
-        frozen = training_code(merged, [], STAGES[1][1], False, fsdp, run_device, autocast)
+        frozen = step_code(merged, STAGES[1][1], False, autocast)
         attempt(results, "lora", "lora", measure_lora, stages[0][2][False], frozen, batches[False])
     if "data" in wanted:
         measure_data(results, mix_preprocessor, os.path.join(temporary.name, "jpegs"))
     if "eval" in wanted:
         attempt(results, "eval", "eval", measure_eval, merged.to(ptdtype), toy, run_device)  # eval.py's compute dtype
+    if "startup" in wanted:
+        measure_startup(results, startup_rows)
     if fsdp:
         dist.barrier()
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    common.install_error_hook()
     main()

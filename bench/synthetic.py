@@ -1,12 +1,14 @@
 """
 bench/synthetic.py: what bench.py measures on, built apart from the measuring: where there is no real data or
 checkpoint, random Qwen3.5 models in the released shapes, a length mix shaped like MMEB-train and JPEG files; the two
-stages' models; a one-rank torchrun environment; the toy data loaded; and the batches under the cuts it compares.
+stages' models; a one-rank torchrun environment; the toy data loaded; the batches under the cuts it compares; and
+a synthetic download in mmE5's real layout for the start-up figures.
 
     rows = mix_rows(random.Random(0), 32, num_negatives=5, max_pixels=1605632)   # lengths and image sizes
     item = mix_item(rows, preprocessor, seed=0, i=0)                             # row 0 as a TrainDataset item
     embedder = random_embedder("qwen3.5-0.8b", preprocessor, torch.device("cuda"))
     batch = collate(preprocessor, items, 32, CUTS["sorted, equal chunks"])      # collate_train under the simple rule
+    root = mmE5_download("/tmp/mmE5", 200_000, num_negatives=5, seed=0)        # Parquet subsets and empty images
 """
 import copy
 import functools
@@ -14,12 +16,14 @@ import math
 import os
 import random
 import socket
-from unittest import mock
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
+import batching
 import data
 import lora
 import mmeb
@@ -186,11 +190,11 @@ def one_rank_torchrun():
 def toy_data(folder, checkpoint, num_negatives, seed):
     """The toy benchmark written into folder, and the tiny checkpoint at the toy config's sizes
     (config/shapes_stage1.py). -> (Embedder on the CPU, prepare's paths, the training rows as a TrainDataset)"""
-    from prepare import prepare  # data/shapes/prepare.py, on the path that bench.py sets
+    from shapes.prepare import prepare
     toy = prepare(os.path.join(folder, "shapes"), seed=seed, num_train=400)  # 10 batches of 32 for the padding
     embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)
-    rows = data.load_train_rows(toy["train"], toy["images"], num_negatives, seed=seed)
-    return embedder, toy, data.TrainDataset(rows, embedder.preprocessor)
+    rows, _ = data.load_train_rows(toy["train"], toy["images"], num_negatives, seed=seed)
+    return embedder, toy, batching.TrainDataset(rows, embedder.preprocessor)
 
 
 def eval_items(toy, count, num_negatives, max_pixels, seed):
@@ -201,8 +205,8 @@ def eval_items(toy, count, num_negatives, max_pixels, seed):
         rows = mix_train_rows(random.Random(seed + 1), count // (2 + num_negatives), num_negatives, max_pixels)
         return [side for r in rows for side in [r["query"]] + r["candidates"]], None
     items, references = [], 0
-    for name in mmeb.find_mmeb_datasets(toy["eval"])[0]:
-        rows = mmeb.read_mmeb_dataset(os.path.join(toy["eval"], name), toy["images"])
+    for name in mmeb.find_eval_datasets(toy["eval"])[0]:
+        rows, _ = data.read_eval_dataset(os.path.join(toy["eval"], name), toy["images"])
         distinct = {(s["text"] or "", s["image"]): s for r in rows for s in [r["query"]] + r["candidates"]}
         items += list(distinct.values())
         references += sum(1 + len(r["candidates"]) for r in rows)  # a query and its candidates, each row
@@ -221,7 +225,7 @@ def padding_batches(toy_dataset, num_negatives, max_pixels, seed):
     (when toy_dataset is given), then 100 of the mix. -> {"toy": batches, "mix": batches}"""
     batches = {}
     if toy_dataset:
-        sampler = iter(data.ShardedBatchSampler(len(toy_dataset), 32, seed=seed))
+        sampler = iter(batching.ShardedBatchSampler(len(toy_dataset), 32, seed=seed))
         batches["toy"] = [side_lengths([toy_dataset[i] for i in next(sampler)], lambda f: len(f["input_ids"]))
                           for _ in range(10)]
     mix = mix_rows(random.Random(seed), 100 * 32, num_negatives, max_pixels)
@@ -235,7 +239,7 @@ def padding_batches(toy_dataset, num_negatives, max_pixels, seed):
 
 def equal_chunks(lengths, max_items, sort=True):
     """The simple rule: ceil(n / max_items) chunks of near-equal size (one chunk with max_items None), of the
-    items sorted longest first, or in the batch's own order. -> list of index lists, as data.split_by_length"""
+    items sorted longest first, or in the batch's own order. -> list of index lists, as batching.split_by_length"""
     n = len(lengths)
     order = sorted(range(n), key=lambda i: -lengths[i]) if sort else list(range(n))
     count = -(-n // max_items) if max_items else 1
@@ -244,12 +248,78 @@ def equal_chunks(lengths, max_items, sort=True):
 
 
 CUTS = {"batch order": functools.partial(equal_chunks, sort=False), "sorted, equal chunks": equal_chunks,
-        "least padding": data.split_by_length}  # name -> cut(lengths, max_items)
+        "least padding": batching.split_by_length}  # name -> cut(lengths, max_items)
 
 
-def collate(preprocessor, items, max_items, cut=data.split_by_length):
-    """data.collate_train's batch of these items (CPU tensors, as train.py's DataLoader gives them), with `cut` in
-    place of data.split_by_length while it runs: the same collation, only the cut differs."""
-    with mock.patch.object(data, "split_by_length", cut):
-        return data.collate_train(preprocessor, max_items)(items)
+def collate(preprocessor, items, max_items, cut=batching.split_by_length):
+    """batching.collate_train's batch of these items under `cut` (CPU tensors, as train.py's DataLoader gives
+    them): the same collation as training, only the cut differs."""
+    return batching.collate_train(preprocessor, max_items, cut)(items)
 
+
+# -----------------------------------------------------------------------------
+# a download in mmE5's layout, for the start-up figures
+
+SUBSETS = ["A-OKVQA", "CIRR", "ChartQA", "DocVQA", "HatefulMemes", "ImageNet_1K", "InfographicsVQA", "MSCOCO",
+           "MSCOCO_i2t", "MSCOCO_t2i", "N24News", "NIGHTS", "OK-VQA", "SUN397", "VOC2007", "VisDial", "Visual7W",
+           "VisualNews_i2t", "VisualNews_t2i", "WebQA"]  # MMEB-train's 20, as mmE5-MMEB-hardneg has them
+
+
+def mmE5_download(folder, num_rows, num_negatives, seed, images_per_subset=1000):
+    """num_rows rows over the 20 subsets of mmE5-MMEB-hardneg as a user has them: folder/mmE5-MMEB-hardneg/<Subset>/
+    train-00000-of-00001.parquet with qry, qry_image_path, pos_text, pos_image_path and the negatives as strings
+    holding Python list literals ('' for an image negative's text, or for a text negative's image), image paths
+    images/<Subset>/Train/<file> under folder, which holds that many (empty) image files a subset: only their
+    existence is read at load time. Half the subsets are image -> text (text negatives), half text -> image.
+    -> the download's root"""
+    rng, root = random.Random(seed), os.path.join(folder, "mmE5-MMEB-hardneg")
+    for s, subset in enumerate(SUBSETS):
+        images = os.path.join(folder, "images", subset, "Train")
+        os.makedirs(images, exist_ok=True)
+        for k in range(images_per_subset):
+            open(os.path.join(images, f"{subset}_image_{k}.jpg"), "wb").close()
+        path = lambda: f"images/{subset}/Train/{subset}_image_{rng.randrange(images_per_subset)}.jpg"  # noqa: E731
+        words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+        count = num_rows // len(SUBSETS) + (s < num_rows % len(SUBSETS))
+        to_text = s % 2 == 0
+        columns = {"qry": [], "qry_image_path": [], "pos_text": [], "pos_image_path": [], "neg_text": [],
+                   "neg_image_path": []}
+        for _ in range(count):
+            if to_text:  # an image query, text candidates
+                row = [f"{mmeb.IMAGE_MARKER}\nRepresent the given image with the following question: {words(12)}\n",
+                       path(), words(6), "", repr([words(6) for _ in range(num_negatives)]), repr([""] * num_negatives)]
+            else:  # a text query, image candidates
+                row = [f"Find me an everyday image that matches the given caption: {words(14)}\n", "",
+                       f"{mmeb.IMAGE_MARKER}\nRepresent the given image.\n", path(), repr([""] * num_negatives),
+                       repr([path() for _ in range(num_negatives)])]
+            for key, value in zip(columns, row):
+                columns[key].append(value)
+        os.makedirs(os.path.join(root, subset), exist_ok=True)
+        pq.write_table(pa.table(columns), os.path.join(root, subset, "train-00000-of-00001.parquet"))
+    return root
+
+
+
+def load_and_measure(root, image_dir, num_negatives, seed, check):
+    """In a process of its own (python -m bench.synthetic ROOT IMAGE_DIR K SEED MODE): data.load_train_rows of a
+    download, printing one JSON line with its rows, seconds, packed bytes and the growth of the resident memory to
+    its peak. A process of its own, so the peak is this load's alone."""
+    import contextlib
+    import io
+    import json
+    import resource
+    import time
+    with open("/proc/self/statm") as f:
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # resident bytes now
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        rows, reports = data.load_train_rows([root], image_dir, num_negatives, seed=seed, check=check)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    print(json.dumps({"rows": len(rows), "subsets": len(reports), "seconds": seconds, "peak_growth": peak - before,
+                      "packed": len(rows.buffer) + rows.offsets.nbytes}))
+
+
+if __name__ == "__main__":
+    import sys
+    load_and_measure(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "check")

@@ -1,12 +1,8 @@
-"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per pytest run (data/shapes/tiny_model.py)."""
-import os
-import sys
-
+"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per pytest run (shapes/tiny_model.py)."""
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "shapes"))
-from model import Embedder  # noqa: E402
-from tiny_model import make_tiny_checkpoint  # noqa: E402
+from model import Embedder
+from shapes.tiny_model import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

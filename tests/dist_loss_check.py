@@ -1,7 +1,7 @@
 """
 Two-rank check of loss.pace_loss, launched by tests/test_loss.py:
 
-    python -m torch.distributed.run --nproc_per_node=2 tests/dist_loss_check.py OUT_DIR
+    python -m torch.distributed.run --nproc_per_node=2 -m tests.dist_loss_check OUT_DIR     # from the repository root
 
 Every rank builds the same fixed global batch and the same tiny encoder (an nn.Linear shared
 by queries and candidates, so there is a real parameter gradient), encodes its half, runs
@@ -12,13 +12,11 @@ batch in one process and compares losses, stats and gradients.
 
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for loss.py
-from loss import pace_loss  # noqa: E402
+from loss import pace_loss
 
 QUERIES_PER_RANK = 3
 HARD_NEGATIVES = 2  # per query

@@ -1,6 +1,6 @@
-"""bench/bench.py: train_functions runs train.py's own code, the padding arithmetic and its goal on the MMEB-shaped
-mix, the FLOP count it reports, its CPU mode and its one-rank FSDP2 mode end to end (subprocesses, tiny sizes),
-and bench/fla_check.py's comparison on a CPU."""
+"""bench/bench.py: the padding arithmetic and its goal on the MMEB-shaped mix, the FLOP count it reports, its CPU
+mode and its one-rank FSDP2 mode end to end (subprocesses, tiny sizes), the start-up figures on a synthetic download
+in mmE5's layout, and bench/fla_check.py's comparison on a CPU."""
 import json
 import os
 import subprocess
@@ -11,28 +11,20 @@ import torch
 
 import lora
 from bench import bench, fla_check, synthetic
-from configurator import step_flops
+from model import step_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--iters=1", "--warmup=0", "--batch_size=4", "--num_hard_negatives=1", "--grad_cache_chunk=2"]
 
 
 def run_bench(tmp_path, *args):
-    """python bench/bench.py with tiny sizes in a subprocess, from the repository root. -> its JSON results"""
+    """python -m bench.bench with tiny sizes in a subprocess, from the repository root. -> its JSON results"""
     out = tmp_path / "bench.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    result = subprocess.run([sys.executable, "bench/bench.py", *TINY, *args, f"--out={out}"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "bench.bench", *TINY, *args, f"--out={out}"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return json.loads(out.read_text()), result.stdout
-
-
-def test_train_functions_compiles_train_py_own_forward_backward():
-    forward_backward, adamw_options = bench.train_functions(["forward_backward", "adamw_options"], {})
-    assert forward_backward.__code__.co_filename == os.path.join(ROOT, "train.py")
-    assert adamw_options("2.11.0", "cpu", False) == {"foreach": True}
-    with pytest.raises(ValueError, match="no top-level function"):
-        bench.train_functions(["not_in_train_py"], {})
 
 
 def test_a_224_pixel_image_is_raised_to_the_release_minimum():
@@ -94,6 +86,16 @@ def test_fsdp_mode_shards_with_train_py_and_times_the_distributed_step(tmp_path)
     check_step_rows(results["step"], stdout)
     assert [r["name"] for r in results["cut"]] == ["Stage I (LoRA, cos)", "Stage II (full, dot)"]
     assert all(r["ratio"] > 0 for r in results["cut"]) and "lora" not in results  # step and cut only
+
+
+def test_startup_reads_a_download_in_the_mmE5_layout_and_extrapolates(tmp_path):
+    results, stdout = run_bench(tmp_path, "--sections=startup", "--startup_rows=2000")
+    row, = results["startup"]
+    assert row["rows"] == 2000 and row["subsets"] == 20  # every row read, none lost, the 20 subset folders
+    assert row["check_data_rows_per_s"] > 0 and row["training_start_rows_per_s"] > 0
+    assert 300 < row["packed_bytes_per_row"] < 2000  # a row's JSON: its texts, paths and five negatives
+    assert row["paper_training_start_s"] == pytest.approx(2_030_000 / row["training_start_rows_per_s"])
+    assert "the paper's 2,030,000 rows" in stdout
 
 
 def test_fla_check_passes_a_second_reference_and_fails_a_wrong_one():

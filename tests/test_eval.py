@@ -19,17 +19,20 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from common import UserError
 import torch
 from PIL import Image, ImageDraw
 
 import checkpoint
+import data
+import diagnostics
 import eval as evaluation
 import mmeb
 import plot
+from shapes.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "data" / "shapes"))
-from prepare import prepare  # noqa: E402
 
 TOY_DATASETS = ["Shapes-CLS", "Shapes-T2I-OOD"]  # one IND and one OOD, two meta tasks: fast
 
@@ -70,7 +73,7 @@ def self_retrieval_rows(tmp_path):
     sides = distinct_sides(write_images(image_dir, 3))
     rows = [(side, [side] + [other for other in sides if other != side]) for side in sides]
     write_mmeb_dataset(tmp_path / "mmeb" / "Self", rows)
-    return mmeb.read_mmeb_dataset(str(tmp_path / "mmeb" / "Self"), str(image_dir))
+    return data.read_eval_dataset(str(tmp_path / "mmeb" / "Self"), str(image_dir))[0]
 
 
 def test_self_retrieval_scores_100_with_cosine(tiny_embedder, self_retrieval_rows):
@@ -103,7 +106,7 @@ def test_precision_at_1_by_hand():
     scores = evaluation.candidate_scores(query, cand, index, "dot")
     assert scores[3].tolist() == [1.0, 10.0, -float("inf"), -float("inf")]
     assert p_at_1(query[:1], index[:1, :1], "dot") == (1, 0, 1)  # one candidate: a hit
-    with pytest.raises(ValueError, match="similarity"):
+    with pytest.raises(ValueError, match="similarity"):  # a caller's bug, not a user's mistake: loss.compared
         evaluation.candidate_scores(query, cand, index, "cosine")
 
 
@@ -111,26 +114,26 @@ def test_aggregate_matches_table_8_arithmetic():
     scores = {"ImageNet-1K": 50.0, "Place365": 30.0, "OK-VQA": 80.0, "Shapes-GRD-OOD": 10.0, "MyData": 20.0}
     per_dataset = {}
     for name, score in scores.items():
-        meta_task, split = evaluation.dataset_group(name)
+        meta_task, split = mmeb.dataset_group(name)
         per_dataset[name] = {"precision_at_1": score, "precision_at_1_argmax": score + 1, "num_queries": 10, "ties": 0,
                              "meta_task": meta_task, "split": split}
     assert [per_dataset[n]["meta_task"] for n in scores] == ["Classification", "Classification", "VQA",
                                                               "Visual Grounding", "Other"]
     assert [per_dataset[n]["split"] for n in scores] == ["IND", "OOD", "IND", "OOD", "IND"]
-    summary = evaluation.aggregate(per_dataset)
+    summary = mmeb.aggregate(per_dataset)
     assert summary["meta_tasks"] == {"Classification": 40.0, "VQA": 80.0, "Visual Grounding": 10.0, "Other": 20.0}
     assert list(summary["meta_tasks"]) == ["Classification", "VQA", "Visual Grounding", "Other"]  # Table 8 order
     assert summary["IND"] == pytest.approx((50 + 80 + 20) / 3)
     assert summary["OOD"] == pytest.approx((30 + 10) / 2)
     assert summary["overall"] == pytest.approx(190 / 5)  # over datasets, not over meta tasks
-    table = evaluation.format_table(per_dataset, summary)
+    table = mmeb.format_table(per_dataset, "Final score")
     assert "Place365*" in table and "ImageNet-1K*" not in table
     totals = [line.split()[-2:] for line in table.splitlines() if line.startswith("All ")]
     assert [strict for strict, _ in totals] == ["40.0", "80.0", "10.0", "20.0", "50.0", "20.0", "38.0"]
     assert [argmax for _, argmax in totals] == ["41.0", "81.0", "11.0", "21.0", "51.0", "21.0", "39.0"]
-    assert evaluation.dataset_group("Shapes-T2I") == ("Retrieval", "IND")
-    assert evaluation.dataset_group("VisualNews_i2t") == ("Retrieval", "IND")
-    assert evaluation.dataset_group("RefCOCO") == ("Visual Grounding", "OOD")
+    assert mmeb.dataset_group("Shapes-T2I") == ("Retrieval", "IND")
+    assert mmeb.dataset_group("VisualNews_i2t") == ("Retrieval", "IND")
+    assert mmeb.dataset_group("RefCOCO") == ("Visual Grounding", "OOD")
 
 
 def test_each_distinct_item_is_encoded_once(tiny_embedder, tmp_path, monkeypatch):
@@ -138,7 +141,7 @@ def test_each_distinct_item_is_encoded_once(tiny_embedder, tmp_path, monkeypatch
     a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
     rows = [(a, [b, c, d]), (a, [b, d, c]), (b, [c, d, e]), (e, [b, c, d]), (d, [c, b, e]), (a, [c, b, d])]
     write_mmeb_dataset(tmp_path / "mmeb" / "Shared", rows)
-    rows = mmeb.read_mmeb_dataset(str(tmp_path / "mmeb" / "Shared"), str(image_dir))
+    rows, _ = data.read_eval_dataset(str(tmp_path / "mmeb" / "Shared"), str(image_dir))
     encoded, forward = [], tiny_embedder.forward
     monkeypatch.setattr(tiny_embedder, "forward", lambda **batch: encoded.append(batch["input_ids"]) or forward(**batch))
     result = evaluation.evaluate_dataset(tiny_embedder, rows, "dot", batch_size=2)[0]
@@ -198,25 +201,27 @@ def test_main_on_the_toy_benchmark_writes_table_and_geometry(toy_run, dot_checkp
     # the random tiny model's final RMSNorm gives every embedding norm sqrt(D): r is undefined, not noise
     assert geometry["norm_cos_pearson_r"] is None and geometry["query_norm"]["std"] < 1e-4
     assert -1 <= geometry["random_pair_mean_cos"] <= 1
-    assert set(geometry["query_norm"]) == {"mean", "std", "min", "max", "p5_p50_p95"}
+    assert set(geometry["query_norm"]) == {"mean", "std", "min", "max", "p5_p50_p95", "all_equal"}
     assert geometry["query_norm"]["min"] <= geometry["query_norm"]["p5_p50_p95"][1] <= geometry["query_norm"]["max"]
     # what redraws the pictures: PCA coordinates with norm percentiles, the random pairs, the matched pairs
     pca = geometry["pca"]
-    assert len(pca["x"]) == len(pca["y"]) == len(pca["norm_percentile"]) == len(pca["is_query"]) > 18
+    assert len(pca["x"]) == len(pca["y"]) == len(pca["is_query"]) > 18
     assert sum(pca["is_query"]) == 18  # 10 a dataset asked for, 9 there: every query, then their candidates
-    assert sorted(pca["norm_percentile"])[0] == 0 and sorted(pca["norm_percentile"])[-1] == 1
+    assert geometry["all_norms_equal"] and pca["norm_percentile"] is None  # no percentiles of equal norms
     assert len(geometry["random_pair_cos"]) == 18 and len(geometry["pairs"]["cos_positive"]) == 18
     png = out[:-len(".json")] + "_geometry.png"
     assert geometry["png"] == png
     with Image.open(png) as image:  # three panels: random-pair histogram, matched pairs, PCA
         assert image.size == plot.grid_size(3, 3, (420, 380), "x") and image.mode == "RGB"
         colours = set(image.getdata())
-    assert plot.ramp(0.0) in colours and plot.ramp(1.0) in colours  # the PCA's colour bar ends
+    assert plot.ramp(0.0) not in colours and plot.ramp(1.0) not in colours  # no colour bar for equal norms
     assert (cls["precision_at_1_argmax"] >= cls["precision_at_1"]) and cls["candidates"] == [5, 5]
     assert written["argmax"]["overall"] >= written["overall"]
     with Image.open(cls["sheet_png"]) as sheet:  # two queries, their top 3
         assert sheet.size == plot.sheet_size(2, 3, title="x")
-    assert written["instructions"] == {"unknown dataset": 18, "mode": "paper"}  # toy datasets keep their text
+    assert written["benchmark"] == "other" and "coverage" not in written  # the toy: no MMEB dataset, its own means
+    for entry in (cls, t2i):  # toy datasets keep their text; the layout read is said per dataset
+        assert entry["instructions"] == {"not of an MMEB dataset (kept)": 9} and entry["layout"] == "v1"
 
     # the same run again ranks by cosine when asked, and the arguments of the first run do not leak
     args = [a for a in toy_args(dot_checkpoint, toy_benchmark, out) if not a.startswith("--geometry_samples")]
@@ -231,11 +236,14 @@ def test_geometry_by_hand():
     angles = torch.linspace(0, 1.2, 50)
     directions = torch.stack([angles.cos(), angles.sin(), torch.zeros(50)], 1)  # (50, 3)
     queries, golds = torch.tensor([1.0, 0.0, 0.0]).expand(50, 3) * 2, directions * (3 * (1 - angles.cos()[:, None])).exp()
-    sample = evaluation.geometry_pairs(queries, golds, golds, 10, torch.Generator().manual_seed(0))
-    summary, picture = evaluation.geometry_summary([sample])
+    sample = diagnostics.pairs(queries, golds, golds, 10, torch.Generator().manual_seed(0))
+    summary, picture = diagnostics.summary([sample])
     assert summary["norm_cos_pearson_r"] == pytest.approx(-1.0, abs=1e-4)
-    constant = evaluation.geometry_pairs(queries, 8 * directions, directions, 10, torch.Generator().manual_seed(0))
-    assert evaluation.geometry_summary([constant])[0]["norm_cos_pearson_r"] is None  # all norms equal: r undefined
+    constant = diagnostics.pairs(8 * directions, 8 * directions, 8 * directions, 10, torch.Generator().manual_seed(0))
+    numbers = diagnostics.summary([constant])[0]
+    assert numbers["norm_cos_pearson_r"] is None and numbers["all_norms_equal"]  # all norms equal: r undefined
+    assert numbers["norm_from_direction_r2"] == {"2": None, "10": None} and numbers["pca"]["norm_percentile"] is None
+    assert diagnostics.describe(numbers).startswith("all norms 8.00")
     assert summary["num_matched_pairs"] == 50 and summary["num_random_pairs"] == 100
     pairs = torch.nn.functional.cosine_similarity(sample["queries"][:, None], sample["candidates"][None], dim=-1)
     assert summary["random_pair_mean_cos"] == pytest.approx(pairs.mean().item(), abs=1e-6)
@@ -281,18 +289,18 @@ def test_an_empty_dataset_folder_is_an_error_or_a_listed_omission(dot_checkpoint
     args = toy_args(dot_checkpoint, toy_benchmark, str(tmp_path / "out.json"))
     args = [a for a in args if not a.startswith(("--mmeb_dir", "--datasets"))] + [f"--mmeb_dir={mmeb_dir}",
                                                                                  "--datasets=['Shapes-CLS', 'Shapes-VQA']"]
-    with pytest.raises(FileNotFoundError, match="without Parquet files .*Shapes-VQA"):
+    with pytest.raises(UserError, match="without Parquet files .*Shapes-VQA"):
         evaluation.main(args)
     result = evaluation.main(args + ["--allow_missing_datasets=True", "--geometry=False"])
     assert result["omitted"] == ["Shapes-VQA"] and list(result["datasets"]) == ["Shapes-CLS"]
     args = [a for a in args if not a.startswith("--datasets")]  # every folder of mmeb_dir: the same
-    with pytest.raises(FileNotFoundError, match="Shapes-VQA"):
+    with pytest.raises(UserError, match="Shapes-VQA"):
         evaluation.main(args)
 
 
 def test_non_finite_embeddings_are_an_error_naming_the_dataset(tiny_embedder, self_retrieval_rows, monkeypatch):
     monkeypatch.setattr(tiny_embedder, "forward", lambda input_ids, **_: torch.full((len(input_ids), 64), math.nan))
-    with pytest.raises(ValueError, match="Self: the model gave non-finite embeddings for 5 of its 5 items"):
+    with pytest.raises(UserError, match="Self: the model gave non-finite embeddings for 5 of its 5 items"):
         evaluation.evaluate_dataset(tiny_embedder, self_retrieval_rows, "dot", label="Self")
 
 
@@ -300,7 +308,7 @@ def test_rows_of_different_candidate_counts_are_reported(tiny_embedder, tmp_path
     image_dir = tmp_path / "images"
     a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
     write_mmeb_dataset(tmp_path / "mmeb" / "Uneven", [(a, [b, c, d]), (b, [c, d]), (e, [a, b, c, d])])
-    rows = mmeb.read_mmeb_dataset(str(tmp_path / "mmeb" / "Uneven"), str(image_dir))
+    rows, _ = data.read_eval_dataset(str(tmp_path / "mmeb" / "Uneven"), str(image_dir))
     assert evaluation.evaluate_dataset(tiny_embedder, rows, "dot")[0]["candidates"] == [2, 4]
 
 

@@ -197,7 +197,7 @@ def test_merge_lora_state_dict_equals_module_merge():
     layer.language_model.q_proj = torch.nn.Linear(8, 6)
     inject_lora(layer, rank=2, alpha=6)
     torch.nn.init.normal_(layer.language_model.q_proj.lora_B)
-    merged_dict = merge_lora_state_dict(layer.state_dict(), scale=6 / 2)
+    merged_dict = merge_lora_state_dict(layer.state_dict(), alpha=6)  # rank 2 read from lora_A: scale 3
     merge_lora(layer)
     assert merged_dict.keys() == layer.state_dict().keys()
     for key, value in layer.state_dict().items():

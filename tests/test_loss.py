@@ -228,7 +228,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               f"--master_port={free_port()}", str(REPO / "tests" / "dist_loss_check.py"), str(tmp_path)]
+               f"--master_port={free_port()}", "-m", "tests.dist_loss_check", str(tmp_path)]
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]

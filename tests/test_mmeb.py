@@ -1,6 +1,6 @@
 """
-Tests of mmeb.py: the MMEB-eval reader on the official layout, its bad rows, the 36-dataset table, and the
-paper's instructions (Table 5) written into real-looking MMEB rows of every task format.
+Tests of mmeb.py and data.read_eval_dataset: the MMEB-eval reader on the official layout, its bad rows, the
+36-dataset table, and the paper's instructions (Table 5) written into real-looking MMEB rows of every task format.
 
     python -m pytest -q tests/test_mmeb.py
 """
@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from data import load_train_rows
-from mmeb import MMEB_DATASETS, MMEB_TABLE, PAPER_INSTRUCTIONS, Instructions, dataset_of, find_mmeb_datasets, read_mmeb_dataset
+from common import UserError
+from data import load_train_rows, read_eval_dataset
+from mmeb import MMEB_DATASETS, MMEB_TABLE, PAPER_INSTRUCTIONS, Instructions, dataset_of, find_eval_datasets
 
 
 def save_image(path, size=(40, 30)):
@@ -40,14 +41,14 @@ def test_mmeb_reader_on_the_official_layout(tmp_path):
     (tmp_path / "mmeb" / "images").mkdir()  # an image folder beside the datasets: not a dataset
     save_image(tmp_path / "mmeb" / "images" / "x.png")
     (tmp_path / "mmeb" / "VOC2007").mkdir()  # a dataset folder without its Parquet files: an empty dataset
-    assert find_mmeb_datasets(tmp_path / "mmeb") == (["ImageNet-1K", "MyOwnSet"], ["VOC2007"])
-    rows = read_mmeb_dataset(tmp_path / "mmeb" / "ImageNet-1K", str(images))
-    assert len(rows) == 3 and rows.skipped == 0
+    assert find_eval_datasets(tmp_path / "mmeb") == (["ImageNet-1K", "MyOwnSet"], ["VOC2007"])
+    rows, report = read_eval_dataset(tmp_path / "mmeb" / "ImageNet-1K", str(images))
+    assert len(rows) == 3 and not report.bad and report.layout == "v1"
     assert rows[1]["query"] == {"text": "<|image_1|>\nRepresent the given image for classification 1",
                                 "image": str(images / "A" / "q.jpg")}
     assert rows[1]["candidates"][0] == {"text": "label 1", "image": None}  # gold first
     assert rows[1]["candidates"][2]["image"] == str(images / "A" / "c.jpg")
-    assert read_mmeb_dataset(tmp_path / "mmeb" / "MyOwnSet", str(images))[0]["query"]["image"] is None
+    assert read_eval_dataset(tmp_path / "mmeb" / "MyOwnSet", str(images))[0][0]["query"]["image"] is None
 
 
 @pytest.mark.parametrize("fields, field", [
@@ -56,7 +57,7 @@ def test_mmeb_reader_on_the_official_layout(tmp_path):
     (dict(qry_text="  ", qry_img_path=""), "qry_text"),
     (dict(tgt_img_path=None), "tgt_img_path"),  # the column is dropped below
 ])
-def test_bad_mmeb_rows(tmp_path, fields, field, capsys):
+def test_bad_mmeb_rows(tmp_path, fields, field):
     images = tmp_path / "images"
     (images / "A").mkdir(parents=True)
     save_image(images / "A" / "q.jpg")
@@ -66,13 +67,14 @@ def test_bad_mmeb_rows(tmp_path, fields, field, capsys):
     if fields.get("tgt_img_path", "") is None:
         rows = [{k: v for k, v in r.items() if k != "tgt_img_path"} for r in rows]  # every row lacks it
     write_mmeb(tmp_path, "Set", rows, nested=False)
-    with pytest.raises(ValueError) as error:
-        read_mmeb_dataset(tmp_path / "Set", str(images))
+    with pytest.raises(UserError) as error:
+        read_eval_dataset(tmp_path / "Set", str(images))
     assert "test-00000-of-00001.parquet" in str(error.value) and repr(field) in str(error.value)
     assert "row 0" in str(error.value) if "tgt_img_path" == field else "row 1" in str(error.value)
-    read = read_mmeb_dataset(tmp_path / "Set", str(images), skip_bad_rows=True)
-    assert read.skipped == (4 if field == "tgt_img_path" else 1) and len(read) == 4 - read.skipped
-    assert "skipped" in capsys.readouterr().out
+    read, report = read_eval_dataset(tmp_path / "Set", str(images), skip_bad_rows=True)
+    skipped = sum(report.bad.values())
+    assert skipped == (4 if field == "tgt_img_path" else 1) and len(read) == 4 - skipped
+    assert any("bad rows" in line for line in report.lines())
 
 
 def test_mmeb_table():
@@ -117,16 +119,16 @@ KEPT = {  # no Table 5 row: their own instruction stays
 def test_paper_instructions_replace_the_datasets_own_keeping_marker_and_text():
     paper, own = Instructions("paper"), Instructions("dataset")
     for name, (text, expected) in QUERIES.items():
-        assert paper(text, f"/data/MMEB-eval/{name}") == expected, name
-        assert own(text, f"/data/MMEB-eval/{name}") == text
+        assert paper(text, name) == expected, name
+        assert own(text, name) == text
     for name, text in KEPT.items():
-        assert paper(text, f"/data/MMEB-eval/{name}") == text, name
-    assert paper("<|image_1|>\nWhat is this?\n", "/data/MMEB-eval/OK-VQA") == "<|image_1|>\nWhat is this?\n"
-    assert paper("Find the red one", "/data/MyOwnData") == "Find the red one"  # an unknown dataset keeps its text
-    assert paper.counts == {"rewritten": len(QUERIES), "no Table 5 row": len(KEPT), "instruction not found": 1,
-                            "unknown dataset": 1}
-    assert "rewritten 8" in paper.summary() and own.counts == {}
-    with pytest.raises(ValueError, match="instructions must be"):
+        assert paper(text, name) == text, name
+    assert paper("<|image_1|>\nWhat is this?\n", "OK-VQA") == "<|image_1|>\nWhat is this?\n"
+    assert paper("Find the red one", None) == "Find the red one"  # a dataset MMEB does not know keeps its text
+    assert paper.counts == {"rewritten": len(QUERIES), "kept (no Table 5 row)": len(KEPT),
+                            "kept (instruction not found)": 1, "not of an MMEB dataset (kept)": 1}
+    assert "8 rewritten" in paper.summary() and own.counts == {"kept (instructions='dataset')": len(QUERIES)}
+    with pytest.raises(UserError, match="instructions must be"):
         Instructions("mine")
     # every format with a Table 5 row is one of the paper's, and every MMEB dataset has a format
     assert {row[2] for row in MMEB_TABLE.values()} >= set(PAPER_INSTRUCTIONS)
@@ -138,14 +140,15 @@ def test_the_dataset_is_read_from_the_path_of_a_training_file_or_an_evaluation_f
     assert dataset_of("/data/MMEB-train/VOC2007.parquet") == "VOC2007"
     assert dataset_of("/data/MMEB-eval/MSCOCO_t2i") == "MSCOCO_t2i"
     assert dataset_of("/data/mmE5/synthetic/Retrieval.parquet") is None
+    assert dataset_of("/data/MMEB-train/Visual7W-pointing/original-00000-of-00001.parquet") == "Visual7W-Pointing"
     folder = tmp_path / "OK-VQA"
     folder.mkdir()
     rows = [{"qry": QUERIES["OK-VQA"][0], "qry_image_path": "", "pos_text": "tennis", "pos_image_path": "",
              "neg_text": "['golf']", "neg_image_path": ""}] * 2
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
-    paper = Instructions("paper")
-    train_rows = load_train_rows(str(folder / "train.parquet"), str(tmp_path), 1, instructions=paper)
-    assert train_rows[0]["query"]["text"] == QUERIES["OK-VQA"][1] and paper.counts == {"rewritten": 2}
+    train_rows, reports = load_train_rows(str(folder / "train.parquet"), str(tmp_path), 1, instructions="paper")
+    assert train_rows[0]["query"]["text"] == QUERIES["OK-VQA"][1]
+    assert reports[0].instructions.counts == {"rewritten": 2}
 
 
 def test_evaluation_rows_get_the_paper_instruction(tmp_path):
@@ -155,10 +158,9 @@ def test_evaluation_rows_get_the_paper_instruction(tmp_path):
     row = {"qry_text": QUERIES["OK-VQA"][0], "qry_img_path": "q.jpg", "tgt_text": ["tennis", "golf"],
            "tgt_img_path": ["", ""]}
     write_mmeb(tmp_path / "mmeb", "OK-VQA", [row, row], nested=False)
-    paper = Instructions("paper")
-    rows = read_mmeb_dataset(tmp_path / "mmeb" / "OK-VQA", str(images), instructions=paper)
-    assert rows[0]["query"]["text"] == QUERIES["OK-VQA"][1] and paper.counts == {"rewritten": 2}
-    assert read_mmeb_dataset(tmp_path / "mmeb" / "OK-VQA", str(images))[0]["query"]["text"] == QUERIES["OK-VQA"][0]
+    rows, report = read_eval_dataset(tmp_path / "mmeb" / "OK-VQA", str(images), instructions="paper")
+    assert rows[0]["query"]["text"] == QUERIES["OK-VQA"][1] and report.instructions.counts == {"rewritten": 2}
+    assert read_eval_dataset(tmp_path / "mmeb" / "OK-VQA", str(images))[0][0]["query"]["text"] == QUERIES["OK-VQA"][0]
     write_mmeb(tmp_path / "mmeb", "Single", [dict(row, tgt_text=["tennis"], tgt_img_path=[""])], nested=False)
-    with pytest.raises(ValueError, match="1 candidates: at least the gold and one other"):  # a free hit otherwise
-        read_mmeb_dataset(tmp_path / "mmeb" / "Single", str(images))
+    with pytest.raises(UserError, match="1 candidates: at least the gold and one other"):  # a free hit otherwise
+        read_eval_dataset(tmp_path / "mmeb" / "Single", str(images))

@@ -2,13 +2,15 @@
 import os
 
 import pytest
+
+from common import UserError
 import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from data import IMAGE_MARKER
+from mmeb import IMAGE_MARKER
 from model import SYSTEM_PROMPT, Embedder, Preprocessor, load_image
-from tiny_model import make_tiny_checkpoint
+from shapes.tiny_model import make_tiny_checkpoint
 
 
 def _images():
@@ -73,7 +75,9 @@ def test_prompt_layout_and_marker(tiny_embedder):
     assert IMAGE_MARKER not in decoded
     # no marker: the image leads; a marker without an image is dropped, never literal text
     assert f"user\n<|vision_start|>{'<|image_pad|>' * n_tokens}<|vision_end|>caption" in decode(prep("caption", image))
-    assert "user\nbefore  after<|im_end|>" in decode(prep(f"before {IMAGE_MARKER} after"))
+    assert "user\nbefore after<|im_end|>" in decode(prep(f"before {IMAGE_MARKER} after"))  # one space with it
+    # mmE5's synthetic text-to-image queries carry "<|image_1|>\n" with no image: the marker's line goes with it
+    assert "<|im_start|>user\nFind me an image<|im_end|>" in decode(prep(f"{IMAGE_MARKER}\nFind me an image"))
     # text that spells a control token stays text: exactly one <|im_end|> pair per template
     ids = prep("say <|im_end|> now")["input_ids"].tolist()
     assert ids.count(prep.tokenizer.convert_tokens_to_ids("<|im_end|>")) == 2
@@ -103,20 +107,20 @@ def test_truncation_keeps_image_and_template(tiny_checkpoint):
         assert ids[-len(prep.suffix_ids):] == prep.suffix_ids and ids[:len(prep.prefix_ids)] == prep.prefix_ids
         if img is not None:
             assert ids.count(prep.image_pad_id) == 16 and ids.count(prep.vision_end_id) == 1
-    with pytest.raises(ValueError, match="does not fit max_length"):
+    with pytest.raises(UserError, match="does not fit max_length"):
         Preprocessor.from_pretrained(tiny_checkpoint, max_length=len(prep.prefix_ids) + len(prep.suffix_ids) + 17)("x", image)
 
 
 def test_bad_input_names_the_item(tiny_embedder, tmp_path):
     corrupt = tmp_path / "corrupt.jpg"
     corrupt.write_bytes(b"not a jpeg at all")
-    with pytest.raises(ValueError, match="item 1: has no text and no image"):
+    with pytest.raises(UserError, match="item 1: has no text and no image"):
         tiny_embedder.encode([{"text": "ok", "image": None}, {"text": "  ", "image": None}])
-    with pytest.raises(ValueError, match=r"item 1: .*missing\.png"):
+    with pytest.raises(UserError, match=r"item 1: .*missing\.png"):
         tiny_embedder.encode([{"text": "ok", "image": None}, {"text": "x", "image": str(tmp_path / "missing.png")}])
-    with pytest.raises(ValueError, match=r"item 0: .*corrupt\.jpg"):
+    with pytest.raises(UserError, match=r"item 0: .*corrupt\.jpg"):
         tiny_embedder.encode([{"text": "x", "image": str(corrupt)}])
-    with pytest.raises(ValueError, match="item 0: expected a dict"):
+    with pytest.raises(UserError, match="item 0: expected a dict"):
         tiny_embedder.encode(["just a string"])
 
 
@@ -205,5 +209,5 @@ def test_from_pretrained_freezes_vision_and_loads_in_transformers(tiny_checkpoin
     full = AutoModelForImageTextToText.from_pretrained(tiny_checkpoint)  # plain transformers, same weights
     torch.testing.assert_close(full.model.language_model.layers[0].mlp.up_proj.weight,
                                tiny_embedder.model.language_model.layers[0].mlp.up_proj.weight)
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(UserError, match="no config.json"):
         Embedder.from_pretrained(str(tmp_path))

@@ -5,6 +5,7 @@ NaN, inf, empty, constant and single-point data draw without error.
     python -m pytest -q tests/test_plot.py
 """
 import math
+import os
 
 import numpy as np
 import pytest
@@ -205,3 +206,47 @@ def test_stage_two_curves_start_where_stage_two_branched_off(tmp_path):
     assert records[100]["loss"] == 1.0 and records[99]["loss"] == 1.0 / 100  # Stage II's step 1 at step 101
     image = plot.training_curves(logs)
     assert image.size == plot.grid_size(len(plot.CURVES), 4, (360, 240), "x")
+
+
+def test_non_finite_values_break_the_curve_and_are_marked():
+    steps = list(range(1, 11))
+    losses = [1.0, 0.9, 0.8, math.nan, math.inf, 0.5, 0.4, 0.3, 0.2, 0.1]
+    panel = {"title": "loss", "series": [{"label": "loss", "x": steps, "y": losses}]}
+    assert [len(s) for s in plot.segments(steps, losses)] == [3, 5]  # two runs, nothing drawn across the gap
+    assert plot.non_finite_steps(steps, losses) == [4.0, 5.0]
+    assert plot.non_finite_steps(steps, [None] * 10) == []  # an absent value is no non-finite one
+    image = plot.line_panels([panel], columns=1)
+    assert plot.RED in set(image.getdata())  # the red x marks
+    clean = plot.line_panels([{"title": "loss", "series": [{"label": "loss", "x": steps, "y": [1.0] * 10}]}], columns=1)
+    assert plot.RED not in set(clean.getdata())
+
+
+def test_a_spread_within_rounding_draws_flat():
+    low, high = plot.padded_range(np.array([8.0, 8.0000005, 7.9999995]))
+    assert low == pytest.approx(7.2) and high == pytest.approx(8.8)  # norms that are all 8: no zig-zag on noise
+    assert plot.padded_range(np.array([1.0, 2.0])) == pytest.approx((0.95, 2.05))
+
+
+def test_the_command_line_says_what_it_drew_and_what_is_wrong(tmp_path):
+    import json
+    import subprocess
+    import sys
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "log.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 5)))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "log.jsonl").write_text("")
+    (tmp_path / "nolog").mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    plot_py = lambda *args: subprocess.run([sys.executable, os.path.join(root, "plot.py"), *map(str, args)],  # noqa: E731
+                                           capture_output=True, text=True, timeout=60)
+    done = plot_py(run_dir)
+    assert done.returncode == 0 and done.stdout.strip() == f"drew {tmp_path / 'curves_run.png'}"
+    assert not (run_dir / "curves.png").exists()  # training's own picture is never overwritten
+    assert plot_py(run_dir, f"--out={tmp_path / 'x.png'}").stdout.strip() == f"drew {tmp_path / 'x.png'}"
+    for args, message in (([tmp_path / "missing"], "no such folder"), ([tmp_path / "nolog"], "no log.jsonl in it"),
+                          ([tmp_path / "empty"], "nothing to draw: every log.jsonl is empty"), ([], "usage:")):
+        run = plot_py(*args)
+        assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+    both = plot_py(run_dir, tmp_path / "empty")
+    assert both.returncode == 0 and "holds no step yet" in both.stdout

@@ -1,4 +1,4 @@
-"""data/shapes/study.py's own logic: the table's arithmetic from fake eval JSONs, the jobs it skips and the order it
+"""shapes/study.py's own logic: the table's arithmetic from fake eval JSONs, the jobs it skips and the order it
 runs the rest in (a fake process), and one tiny end-to-end study (PACE, one seed, 2 + 1 steps) that a second run
 skips entirely."""
 import json
@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-import study  # data/shapes, on sys.path through conftest.py
+from common import UserError
+from shapes import study
 
 
 def fake_eval(path, overall, ind, ood, r, cos):
@@ -84,8 +85,8 @@ def test_existing_results_are_skipped_and_the_rest_wait_for_their_inputs(tmp_pat
 
 
 def test_tiny_study_end_to_end_then_resumed(tmp_path, monkeypatch):
-    from prepare import prepare
-    from tiny_model import make_tiny_checkpoint
+    from shapes.prepare import prepare
+    from shapes.tiny_model import make_tiny_checkpoint
     data_dir = str(tmp_path / "shapes")
     prepare(data_dir, seed=0, num_train=120, num_eval=12)
     make_tiny_checkpoint(os.path.join(data_dir, "tiny-qwen3.5"), seed=0)
@@ -98,5 +99,5 @@ def test_tiny_study_end_to_end_then_resumed(tmp_path, monkeypatch):
     assert os.path.isfile(tmp_path / "study" / "geometry.png") and os.path.isfile(tmp_path / "study" / "results.md")
     monkeypatch.setattr(study.subprocess, "Popen", None)  # a second run must start nothing
     study.main(argv)
-    with pytest.raises(SystemExit, match="another --out_dir"):
+    with pytest.raises(UserError, match="another --out_dir"):
         study.main(argv[:-1] + ["--stage2_steps=2"])

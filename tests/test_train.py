@@ -13,23 +13,24 @@ import sys
 import time
 
 import pytest
+
+from common import UserError
 import torch
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "data", "shapes"))
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory, tiny_checkpoint):
     """The toy benchmark with the query images of the first two global batches' rows 0 and 3 broken (a truncated
     PNG, an empty file): with skip_bad_rows the runs below pass over them, the same way on every run."""
-    from prepare import prepare
-    import data
+    from batching import ShardedBatchSampler
+    from shapes.prepare import prepare
     out = str(tmp_path_factory.mktemp("shapes"))
     paths = prepare(out, seed=0, num_train=120, num_eval=12)
     rows = [json.loads(line) for line in open(paths["train"])]
-    first = next(iter(data.ShardedBatchSampler(len(rows), 8, seed=1337)))  # train.py's seed, --batch_size=8
+    first = next(iter(ShardedBatchSampler(len(rows), 8, seed=1337)))  # train.py's seed, --batch_size=8
     broken = [os.path.join(paths["images"], rows[first[k]]["qry_image_path"]) for k in (0, 3)
               if rows[first[k]]["qry_image_path"]]
     with open(broken[0], "rb") as f:
@@ -139,7 +140,7 @@ def test_resume_reproduces_the_straight_run_past_a_broken_checkpoint(toy, straig
 
 
 def test_broken_step_folders_are_named_wherever_they_are_loaded(straight, tmp_path):
-    from model import load_embedder
+    from checkpoint import load_embedder
     import checkpoint
     cases = {"truncated shard": ("__0_0.distcp", lambda f: f.truncate(100), "__0_0.distcp is 100 bytes"),
              "empty RNG file": ("rng_rank0.pt", lambda f: f.truncate(0), "rng_rank0.pt is 0 bytes"),
@@ -149,11 +150,11 @@ def test_broken_step_folders_are_named_wherever_they_are_loaded(straight, tmp_pa
         shutil.copytree(os.path.join(straight[0], "step_000004"), folder)
         with open(os.path.join(folder, file), "r+b") as f:
             damage(f)
-        with pytest.raises(ValueError, match=re.escape(folder) + ": broken checkpoint, " + message):
+        with pytest.raises(UserError, match=re.escape(folder) + ": broken checkpoint, " + message):
             load_embedder(folder)  # --init_from of Stage II and eval.py
     hostile = tmp_path / "rng_rank0.pt"
     torch.save({"cpu": torch.get_rng_state(), "cuda": Exploit(tmp_path / "pwned")}, hostile)  # runs code on load
-    with pytest.raises(ValueError, match="cannot read the RNG states"):
+    with pytest.raises(UserError, match="cannot read the RNG states"):
         checkpoint.load_rng(str(hostile))
     assert not (tmp_path / "pwned").exists()
 
@@ -163,7 +164,7 @@ def test_a_hostile_step_folder_is_refused_not_run(straight, tiny_embedder, tmp_p
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     import torch.distributed.checkpoint as dcp
     import checkpoint
-    from model import load_embedder
+    from checkpoint import load_embedder
     folder = tmp_path / "hostile"
     shutil.copytree(os.path.join(straight[0], "step_000002"), folder)
     with open(folder / ".metadata", "wb") as f:  # a .metadata whose pickle calls os.system
@@ -171,13 +172,13 @@ def test_a_hostile_step_folder_is_refused_not_run(straight, tiny_embedder, tmp_p
     info = json.load(open(folder / "pace.json"))  # its sender can record the new file's checksum too
     info["files"][".metadata"] = checkpoint.file_record(str(folder / ".metadata"))
     json.dump(info, open(folder / "pace.json", "w"))
-    with pytest.raises(ValueError, match=r"hostile: refusing its \.metadata: it asks for posix\.system"):
+    with pytest.raises(UserError, match=r"hostile: refusing its \.metadata: it asks for posix\.system"):
         load_embedder(str(folder))
     assert not (tmp_path / "pwned_metadata").exists()
     # a genuine .metadata, but a non-tensor entry (where the optimizer keeps lr, betas, ...) that runs code
     entries = str(tmp_path / "entries")
     dcp.save({"model": get_model_state_dict(tiny_embedder), "lr": Exploit(tmp_path / "pwned_entry")}, checkpoint_id=entries)
-    with pytest.raises(ValueError, match="entries: refusing its entry lr"):
+    with pytest.raises(UserError, match="entries: refusing its entry lr"):
         checkpoint.load_state({"model": get_model_state_dict(tiny_embedder), "lr": 0.1}, entries)
     assert not (tmp_path / "pwned_entry").exists()
     checkpoint.load_state({"model": get_model_state_dict(tiny_embedder)}, entries)  # the tensors alone load
@@ -222,7 +223,7 @@ def test_two_gloo_ranks_equal_one_process(toy, straight, tmp_path):
     assert_same_run(one, two)
     assert two[0]["skipped_rows"] == one[0]["skipped_rows"]  # counted over both ranks
     # the sharded checkpoint written by two ranks loads in one process to the same weights
-    from model import load_embedder
+    from checkpoint import load_embedder
     single, _ = load_embedder(os.path.join(straight[0], "step_000002"))
     sharded, info = load_embedder(str(tmp_path / "ddp" / "step_000002"))
     assert info["world_size"] == 2 and len([f for f in info["files"] if f.endswith(".distcp")]) == 2
@@ -233,7 +234,8 @@ def test_two_gloo_ranks_equal_one_process(toy, straight, tmp_path):
 def test_stage_two_from_stage_one_and_its_export(toy, straight, tmp_path, monkeypatch):
     from transformers import AutoModelForImageTextToText
     from lora import merge_lora
-    from model import Embedder, load_embedder
+    from checkpoint import load_embedder
+    from model import Embedder
     stage1_step = os.path.join(straight[0], "step_000002")
     out = str(tmp_path / "stage2")
     records = run_train(toy, out, f"--init_from={stage1_step}", "--max_iters=2", "--checkpoint_interval=2",
@@ -321,18 +323,12 @@ def test_figure_6b_weightings_train_and_kept_checkpoints_survive_pruning(toy, tm
     assert records[0]["weight_min"] < records[0]["weight_max"]  # the weights differ between queries
     # Figure 6(a)'s transition checkpoints: kept through pruning, as config/stage1.py keeps 2,000, 4,000 and 7,847
     assert sorted(p for p in os.listdir(out) if p.startswith("step_")) == ["step_000001", "step_000002", "step_000004"]
-    assert "instructions='paper' on the queries: unknown dataset 120" in output  # the toy is no MMEB dataset
+    assert "instructions='paper': 120 not of an MMEB dataset (kept)" in output  # the toy is no MMEB dataset
     assert json.load(open(os.path.join(out, "export", "pace.json")))["config"]["weighting"] == weighting
 
 
-def train_py(*names, **namespace):
-    """train.py's own functions, compiled from its source (bench.train_functions): train.py runs on import."""
-    from bench.bench import train_functions
-    return train_functions(list(names), {"torch": torch, **namespace})
-
-
 def test_adamw_is_fused_only_where_it_is_safe():
-    adamw_options, = train_py("adamw_options")
+    from train_step import adamw_options
     assert adamw_options("2.11.0+cu130", "cuda", True) == {"foreach": True}  # FSDP2 DTensors: fused leaks there
     assert adamw_options("2.10.1", "cuda", True) == {"foreach": True}
     assert adamw_options("2.11.0", "cuda", False) == {"fused": True}  # one GPU, plain tensors
@@ -342,15 +338,15 @@ def test_adamw_is_fused_only_where_it_is_safe():
 
 
 def test_only_finite_weights_count_as_checkpointable():
+    from train_step import parameters_finite
     weights = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.zeros(2, 2))]
-    parameters_finite, = train_py("parameters_finite", trainable=weights, device=torch.device("cpu"), distributed=False)
-    assert parameters_finite()
+    assert parameters_finite(weights)
     with torch.no_grad():
         weights[1][0, 1] = math.inf
-    assert not parameters_finite()
+    assert not parameters_finite(weights)
     with torch.no_grad():
         weights[1][0, 1] = math.nan
-    assert not parameters_finite()
+    assert not parameters_finite(weights)
 
 
 def rank_process(out_dir, local_rank):

@@ -1,8 +1,8 @@
 """
 The toy benchmark: rendered shapes in the two layouts PACE reads, small enough for a laptop.
 
-    python data/shapes/prepare.py                                   # writes under data/shapes/
-    python data/shapes/prepare.py --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
+    python -m shapes.prepare                                        # writes under data/shapes/
+    python -m shapes.prepare --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
 
 Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
 same seed. A scene is a 128 x 128 picture of two or three objects, each a colour (6), a shape (5), a
@@ -12,7 +12,7 @@ spans several image tokens (one token per 32 x 32 pixels), so a few minutes of t
 see them. Six colour-shape combinations (UNSEEN) never appear in training, neither drawn nor named:
 the OOD datasets ask about exactly those.
 
-Written under out_dir (git-ignored):
+Written under out_dir (data/shapes/ by default, git-ignored like all of data/):
 - train.jsonl: MMEB-train / mmE5 rows (qry, qry_image_path, pos_text, pos_image_path, neg_text,
   neg_image_path), the five task formats mixed. Rows carry 2 to 8 hard negatives (mostly 5), on
   purpose, so data.py's fill/cut rule runs on the demo too.
@@ -22,13 +22,14 @@ Written under out_dir (git-ignored):
   involves an unseen combination).
 - images/: every image; the paths in both files are relative to it.
 - tiny-qwen3.5/: the command line also writes the tiny random Qwen3.5 that config/shapes_*.py start
-  from (tiny_model.make_tiny_checkpoint; this step needs torch and transformers; --no-tiny_checkpoint skips it).
+  from (tiny_model.make_tiny_checkpoint; --no-tiny_checkpoint skips it).
 
-Queries carry the paper's task instructions (Table 5); grounding, absent from Table 5, uses MMEB's.
+Queries carry the paper's task instructions (Table 5, mmeb.PAPER_INSTRUCTIONS); grounding, absent from Table 5,
+uses MMEB's.
 
-    from data import load_train_rows, read_mmeb_dataset
-    rows = load_train_rows("data/shapes/train.jsonl", "data/shapes/images", num_hard_negatives=5)
-    cls = read_mmeb_dataset("data/shapes/eval/Shapes-CLS", "data/shapes/images")
+    from data import load_train_rows, read_eval_dataset
+    rows, reports = load_train_rows("data/shapes/train.jsonl", "data/shapes/images", num_hard_negatives=5)
+    cls, report = read_eval_dataset("data/shapes/eval/Shapes-CLS", "data/shapes/images")
 """
 
 import argparse
@@ -41,6 +42,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
+from mmeb import IMAGE_MARKER, PAPER_INSTRUCTIONS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
 COLOURS = {"red": (220, 50, 47), "green": (50, 160, 60), "blue": (40, 90, 220), "yellow": (235, 195, 30),
            "purple": (140, 70, 190), "orange": (245, 130, 30)}
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
@@ -52,12 +57,12 @@ SEEN = [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in UNSEEN]
 ALL_COMBOS = [(c, s) for c in COLOURS for s in SHAPES]
 BACKGROUND = (242, 242, 242)
 
-QUESTION = "Represent the given image to answer the following question."  # Table 5: VQA, classification
-TEXT_TO_IMAGE = "Retrieve an image that best matches the following description."  # Table 5
-IMAGE_TO_TEXT = "Find the caption that best describes this image."  # Table 5
+QUESTION = PAPER_INSTRUCTIONS["VQA"]  # Table 5: VQA and classification
+TEXT_TO_IMAGE = PAPER_INSTRUCTIONS["text->image"]
+IMAGE_TO_TEXT = PAPER_INSTRUCTIONS["image->text"]
 GROUNDING = "Select the portion of the image that isolates the object of the given label:"  # MMEB's
-IMAGE_CANDIDATE = "<|image_1|>\nRepresent the given image."  # MMEB's text for an image candidate
-CROP_CANDIDATE = "<|image_1|>\nRepresent the given cropped image of the object."
+IMAGE_CANDIDATE = IMAGE_MARKER + "\nRepresent the given image."  # MMEB's text for an image candidate
+CROP_CANDIDATE = IMAGE_MARKER + "\nRepresent the given cropped image of the object."
 TASKS = ("CLS", "VQA", "T2I", "I2T", "GRD")
 
 
@@ -293,7 +298,7 @@ def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, im
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)), help="default: this folder")
+    parser.add_argument("--out_dir", default=os.path.join(ROOT, "data", "shapes"), help="default: data/shapes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num_train", type=int, default=2000, help="training rows, over the five task formats")
     parser.add_argument("--num_eval", type=int, default=100, help="queries per evaluation dataset")
@@ -305,5 +310,5 @@ if __name__ == "__main__":
     paths = prepare(args.out_dir, args.seed, args.num_train, args.num_eval, args.num_candidates, args.image_size)
     print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets) and {paths['images']}/")
     if args.tiny_checkpoint:
-        from tiny_model import make_tiny_checkpoint  # beside this file; needs torch and transformers
+        from shapes.tiny_model import make_tiny_checkpoint
         print(f"wrote {make_tiny_checkpoint(os.path.join(args.out_dir, 'tiny-qwen3.5'), seed=args.seed)}")

@@ -2,9 +2,9 @@
 The toy study: PACE against the VLM2Vec baseline, direct dot-product training, its ablations and the reversed
 schedules on the shapes benchmark, over several seeds, in one command on 2 CPU cores: one table, one figure.
 
-    python data/shapes/study.py                                          # 3 seeds, about 20 minutes on 2 cores
-    python data/shapes/study.py --seeds=1337,1338,1339,1340,1341 --out_dir=out/study5
-    python data/shapes/study.py --methods=pace,vlm2vec --seeds=1337      # a subset
+    python -m shapes.study                                               # 3 seeds, about 20 minutes on 2 cores
+    python -m shapes.study --seeds=1337,1338,1339,1340,1341 --out_dir=out/study5
+    python -m shapes.study --methods=pace,vlm2vec --seeds=1337           # a subset
 
 Every method is run as the paper runs it, at the toy's scale, with the toy's recipe (config/shapes_stage1.py and
 shapes_stage2.py, read from those files): cosine logits at tau 0.1, dot-product logits at the toy's tau 6.4 (its
@@ -46,7 +46,6 @@ Written under --out_dir (default out/study):
 import argparse
 import json
 import os
-import runpy
 import statistics
 import subprocess
 import sys
@@ -54,14 +53,15 @@ import time
 
 from PIL import Image
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-import plot  # noqa: E402
-from configurator import duration  # noqa: E402
+import plot
+from common import UserError, duration, install_error_hook, write_json, write_text
+from configurator import file_values
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 # the toy's recipe, as its configs set it
-TOY_I = runpy.run_path(os.path.join(ROOT, "config", "shapes_stage1.py"))
-TOY_II = runpy.run_path(os.path.join(ROOT, "config", "shapes_stage2.py"))
+TOY_I = file_values(os.path.join(ROOT, "config", "shapes_stage1.py"))
+TOY_II = file_values(os.path.join(ROOT, "config", "shapes_stage2.py"))
 COS = {"similarity": "cos", "temperature": 0.1}  # eq. (1) at the paper's tau
 DOT = {"similarity": "dot", "temperature": TOY_II["temperature"]}  # eq. (2) at the toy's tau
 LORA = {"lora_rank": TOY_I["lora_rank"], "lora_alpha": TOY_I["lora_alpha"], "learning_rate": TOY_I["learning_rate"]}
@@ -101,8 +101,8 @@ def parse_args(argv=None):
     parser.add_argument("--methods", type=lambda text: text.split(","), default=list(METHODS),
                         help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "out", "study"))
-    parser.add_argument("--data_dir", default=os.path.dirname(os.path.abspath(__file__)),
-                        help="the toy data and tiny model (prepare.py writes them there when missing)")
+    parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "shapes"),
+                        help="the toy data and tiny model (shapes/prepare.py writes them there when missing)")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--start_step", type=int, default=40, help="Stage II starts from this step of Stage I")
     parser.add_argument("--stage2_steps", type=int, default=60, help="Stage II's steps; every method trains "
@@ -171,7 +171,7 @@ def run_jobs(jobs, parallel):
     todo = [job for job in jobs if not os.path.exists(job["done"])]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs already done, {len(todo)} to run", flush=True)
     running, start, done_cost, left_cost, count = [], time.time(), 0, sum(job["cost"] for job in todo), len(todo)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # eval.py has no threads key; its torch reads this
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the jobs set threads=1 too; this also holds their workers to one
     while todo or running:
         for job in [job for job in todo if all(map(os.path.exists, job["needs"]))][:parallel - len(running)]:
             todo.remove(job)
@@ -181,7 +181,7 @@ def run_jobs(jobs, parallel):
                                                  stderr=subprocess.STDOUT), job, time.time()))
             print(f"start {job['name']} (output in {job['log']})", flush=True)
         if not running:
-            raise SystemExit(f"error: {todo[0]['name']} needs {todo[0]['needs']}, which no job writes (runs made "
+            raise UserError(f"{todo[0]['name']} needs {todo[0]['needs']}, which no job writes (runs made "
                              "with another --start_step?)")
         time.sleep(1)
         for process, job, began in [entry for entry in running if entry[0].poll() is not None]:
@@ -189,7 +189,7 @@ def run_jobs(jobs, parallel):
             if process.returncode or not os.path.exists(job["done"]):
                 for other, _, _ in running:
                     other.terminate()
-                raise SystemExit(f"error: {job['name']} failed (exit {process.returncode}), see {job['log']}; "
+                raise UserError(f"{job['name']} failed (exit {process.returncode}), see {job['log']}; "
                                  "run the study again to resume")
             done_cost, left_cost = done_cost + job["cost"], left_cost - job["cost"]
             elapsed = time.time() - start
@@ -274,10 +274,8 @@ def check_scale(out_dir, scale):
         with open(path) as f:
             earlier = json.load(f)
         if earlier != scale:
-            raise SystemExit(f"error: {out_dir} holds a study at {earlier}, not {scale}: use another --out_dir")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(scale, f, indent=2)
+            raise UserError(f"{out_dir} holds a study at {earlier}, not {scale}: use another --out_dir")
+    write_json(path, scale)
 
 
 def main(argv=None):
@@ -288,19 +286,17 @@ def main(argv=None):
     check_scale(args.out_dir, scale)
     start = time.time()
     if not all(os.path.exists(os.path.join(args.data_dir, p)) for p in ("train.jsonl", "eval", "tiny-qwen3.5")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "data", "shapes", "prepare.py"),
-                        f"--out_dir={args.data_dir}"], check=True)
+        subprocess.run([sys.executable, "-m", "shapes.prepare", f"--out_dir={args.data_dir}"], cwd=ROOT, check=True)
     run_jobs([job for seed in args.seeds for job in seed_jobs(seed, args)], args.parallel)
     table = summarise(args.out_dir, args.seeds, args.methods)
     text = markdown(table, scale)
-    with open(os.path.join(args.out_dir, "results.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
-        json.dump({"scale": scale, "seeds": args.seeds, "methods": table}, f, indent=2)
+    write_text(os.path.join(args.out_dir, "results.md"), text)
+    write_json(os.path.join(args.out_dir, "results.json"), {"scale": scale, "seeds": args.seeds, "methods": table})
     picture = figure(args.out_dir, args.seeds[0], args.methods)
     print(text + f"\nwrote {os.path.join(args.out_dir, 'results.md')}, results.json" +
           (f" and {picture}" if picture else "") + f"; {duration(time.time() - start)} this run", flush=True)
 
 
 if __name__ == "__main__":
+    install_error_hook()
     main()

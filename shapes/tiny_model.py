@@ -1,8 +1,8 @@
 """
 tiny_model.py: a tiny random Qwen3.5 in the file layout of a real release, for the toy benchmark and the tests.
 
-    python data/shapes/prepare.py                     # writes data/shapes/tiny-qwen3.5 with the toy data
-    from tiny_model import make_tiny_checkpoint       # (data/shapes on sys.path)
+    python -m shapes.prepare                          # writes data/shapes/tiny-qwen3.5 with the toy data
+    from shapes.tiny_model import make_tiny_checkpoint
     make_tiny_checkpoint("/tmp/tiny-qwen3.5", seed=0)
 
 Four decoder layers (three Gated DeltaNet, one full attention, the ratio of the real 0.8B and 2B), a

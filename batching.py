@@ -1,0 +1,221 @@
+"""
+batching.py: rows into model inputs, in DataLoader workers: the training dataset, the resumable rank-sharded
+sampler, the least-padding cut of a batch into forward calls, and batches of items for Embedder.encode.
+
+    rows, _ = data.load_train_rows(...)                    # data.py: rows as the downloads hold them
+    dataset = TrainDataset(rows, preprocessor)              # model.Preprocessor: decodes and tokenises
+    sampler = ShardedBatchSampler(len(dataset), batch_size=256, rank=rank, world_size=8, seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=8,
+                        collate_fn=collate_train(preprocessor, max_items=32))
+    for batch in loader:      # never ends; batch["query"] / ["candidate"]: lists of collated chunks
+        ...
+        sampler.position += 1  # this batch is consumed; sampler.state_dict() goes into the checkpoint
+"""
+import functools
+import math
+
+import numpy as np
+import torch
+
+from common import UserError
+
+
+class TrainDataset(torch.utils.data.Dataset):
+    """dataset[i] = {"query": feature, "candidates": [positive, K negatives] features, "row": j, "skipped": [...]},
+    each feature a model.Preprocessor output. Runs in the DataLoader workers, where an image that exists but
+    does not decode (truncated or corrupt, over Pillow's pixel limit, an aspect ratio over 200) is first found:
+    an error naming the file, row and image, or with skip_bad_rows the next row that decodes (j = i + 1, ...),
+    the same on every run so a resumed run is the straight run; "skipped" lists what was passed over."""
+
+    def __init__(self, rows, preprocessor, skip_bad_rows=False):
+        self.rows, self.preprocessor, self.skip_bad_rows = rows, preprocessor, skip_bad_rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        # row i, else (with skip_bad_rows) the next one that decodes; that row may then be in the batch twice, its
+        # positive a false negative of its twin: rare
+        skipped = []
+        for k in range(len(self.rows)):
+            j = (i + k) % len(self.rows)
+            try:
+                return dict(self.prepare(self.rows[j]), row=j, skipped=skipped)
+            except ValueError as error:
+                if not self.skip_bad_rows:
+                    raise
+                skipped.append(str(error))
+        raise UserError(f"no row of the {len(self.rows)} can be decoded; the first: {skipped[0]}")
+
+    def prepare(self, row):
+        parts = [("field 'qry_image_path'", row["query"]), ("field 'pos_image_path'", row["candidates"][0])]
+        parts += [(f"field 'neg_image_path[{k}]' (or a negative filled from another row)", side)
+                  for k, side in enumerate(row["candidates"][1:])]
+        features = []
+        for field, side in parts:
+            try:
+                features.append(self.preprocessor(side["text"], side["image"]))
+            except ValueError as error:
+                raise UserError(f"{row['source']} {field}: {error}") from None
+        return {"query": features[0], "candidates": features[1:]}
+
+
+# -----------------------------------------------------------------------------
+# the sampler
+
+class ShardedBatchSampler:
+    """Yields this rank's share (n = batch_size / world_size indices) of each global batch, forever: epoch e is
+    the permutation numpy.random.default_rng([seed, e]).permutation(num_rows), cut into num_rows // batch_size
+    global batches (the last partial one is dropped, so within an epoch a row goes to at most one rank). Use as
+    DataLoader's batch_sampler. Resuming: workers prefetch, so the sampler cannot see what the loop has used;
+    its state is `position`, the global batches consumed, which the loop advances itself. Global batches do not
+    depend on world_size, so a run may resume on another number of ranks."""
+
+    def __init__(self, num_rows, batch_size, rank=0, world_size=1, seed=0):
+        if batch_size % world_size:
+            raise UserError(f"batch_size {batch_size} is not a multiple of world_size {world_size}")
+        if num_rows < batch_size:
+            raise UserError(f"{num_rows} rows cannot fill one batch of {batch_size}")
+        self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.batches_per_epoch = num_rows // batch_size
+        self.position = 0
+
+    def __iter__(self):
+        return self.batches_from(self.position)  # fixed now: the loop's later `position += 1` changes nothing here
+
+    def batches_from(self, position):
+        per_rank = self.batch_size // self.world_size
+        epoch, permutation = None, None
+        while True:
+            if position // self.batches_per_epoch != epoch:
+                epoch = position // self.batches_per_epoch
+                permutation = np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+            start = (position % self.batches_per_epoch) * self.batch_size + self.rank * per_rank
+            yield permutation[start:start + per_rank].tolist()
+            position += 1
+
+    def state_dict(self):
+        return {"position": self.position, "seed": self.seed, "num_rows": self.num_rows, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state):
+        for key in ("seed", "num_rows", "batch_size"):  # the same data and order, or the position means nothing
+            if state[key] != getattr(self, key):
+                raise UserError(f"cannot resume the data: the checkpoint has {key}={state[key]}, "
+                                 f"this run {getattr(self, key)}")
+        self.position = int(state["position"])
+
+
+# -----------------------------------------------------------------------------
+# batches
+
+def split_by_length(lengths, max_items=None):
+    """Indices -> chunks, one forward call each: sorted longest first, then cut where the padded positions
+    (sum over chunks of longest * count) are fewest, into number_of_chunks(n, max_items) chunks of at most
+    max_items items. -> list of index lists, every index once. The number of chunks depends on n and max_items
+    only, never on the lengths: under FSDP2 every forward call is a collective, so every rank must make the
+    same number of them. max_items=None: one chunk."""
+    n = len(lengths)
+    count = number_of_chunks(n, max_items) if max_items else min(n, 1)
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    cuts = least_padding_cuts([lengths[i] for i in order], count, max_items or n)
+    return [order[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def number_of_chunks(n, max_items):
+    """Forward calls for n items: about sqrt(n), at least ceil(n / max_items), at most n. Why sqrt: the padding
+    of the best cut falls about as a * n / chunks while each call costs a fixed overhead h (kernel launches,
+    FSDP2's all-gathers); the sum is least at chunks = sqrt(a * n / h), sqrt(n) for a ~ h."""
+    return min(n, max(-(-n // max_items), math.ceil(math.sqrt(n))))
+
+
+def least_padding_cuts(lengths, count, max_items):
+    """lengths sorted longest first -> cut points 0 = c_0 < ... < c_count = n of the `count` chunks of at most
+    max_items items with the fewest padded positions. A chunk [i, j) pads to its first item, so it costs
+    lengths[i] * (j - i). Dynamic programming: after k chunks, best[j] is the least cost of the first j items,
+    and best_k[j] = min over sizes s of best_k-1[j - s] + lengths[j - s] * s."""
+    n, width = len(lengths), min(max_items, len(lengths))
+    first = np.asarray(lengths, dtype=np.float64)  # (n,)
+    best = np.full(n + 1, np.inf)  # (n + 1,)
+    best[0] = 0.0
+    last_sizes = []  # per chunk: the size of the last chunk of the best cut of the first j items
+    for _ in range(count):
+        options = np.full((width, n + 1), np.inf)  # options[s - 1, j]: the last chunk is [j - s, j)
+        for s in range(1, width + 1):
+            options[s - 1, s:] = best[:n + 1 - s] + first[:n + 1 - s] * s
+        last_sizes.append(options.argmin(axis=0) + 1)  # (n + 1,)
+        best = options.min(axis=0)
+    cuts = [n]
+    for sizes in reversed(last_sizes):
+        cuts.append(cuts[-1] - int(sizes[cuts[-1]]))
+    return cuts[::-1]
+
+
+def collate_train(preprocessor, max_items=None, cut=split_by_length):
+    """collate_fn for DataLoader over TrainDataset (picklable). n items -> {"query": [collated chunks],
+    "candidate": [collated chunks], "targets": (n,), "rows": (n,), "skipped": [messages]}. Concatenating the
+    chunks' embeddings gives q (n, D) and c (n * (1 + K), D): the n positives first, then each query's K
+    negatives, each side cut into forward calls by cut(lengths, max_items) (split_by_length: sorted by length, the
+    least padding; bench.py passes simpler cuts to compare). targets[i] indexes query i's positive in c; rows[i]
+    is query i's row; skipped: the rows that could not be decoded (TrainDataset)."""
+    return functools.partial(_collate_train, preprocessor=preprocessor, max_items=max_items, cut=cut)
+
+
+def _collate_train(items, preprocessor, max_items, cut):
+    queries = [item["query"] for item in items]  # n
+    candidates = [item["candidates"][0] for item in items]  # n positives first: positive of query i at i
+    candidates += [negative for item in items for negative in item["candidates"][1:]]  # then n * K
+    query_chunks = cut([len(f["input_ids"]) for f in queries], max_items)
+    candidate_chunks = cut([len(f["input_ids"]) for f in candidates], max_items)
+    query_order = [i for chunk in query_chunks for i in chunk]  # chunk order -> original query
+    candidate_position = {j: p for p, j in enumerate(j for chunk in candidate_chunks for j in chunk)}
+    return {
+        "query": [preprocessor.collate([queries[i] for i in chunk]) for chunk in query_chunks],
+        "candidate": [preprocessor.collate([candidates[j] for j in chunk]) for chunk in candidate_chunks],
+        "targets": torch.tensor([candidate_position[i] for i in query_order], dtype=torch.long),  # (n,)
+        "rows": torch.tensor([items[i]["row"] for i in query_order], dtype=torch.long),  # (n,)
+        "skipped": [message for item in items for message in item["skipped"]],
+    }
+
+
+# -----------------------------------------------------------------------------
+# batches of items, for model.Embedder.encode
+# batches of items, for model.Embedder.encode
+
+def prepared(index, item, function):
+    """function(text, image) of one item ({"text", "image"}), a ValueError naming the item if it is malformed
+    or function fails on it."""
+    if not isinstance(item, dict) or not ({"text", "image"} & set(item)):
+        raise UserError(f"item {index}: expected a dict with 'text' and/or 'image', got {item!r:.80}")
+    text, image = item.get("text") or "", item.get("image")
+    try:
+        if not text.strip() and image is None:
+            raise UserError("has no text and no image")
+        return function(text, image)
+    except ValueError as error:
+        raise UserError(f"item {index}: {error}") from None
+
+
+class Items(torch.utils.data.Dataset):
+    """items[i] preprocessed (in a worker when num_workers > 0), for item_batches."""
+
+    def __init__(self, items, preprocessor):
+        self.items, self.preprocessor = items, preprocessor
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return prepared(i, self.items[i], self.preprocessor)
+
+
+def item_batches(items, preprocessor, batch_size, num_workers=0):
+    """Items ({"text", "image"} dicts) -> (indices, collated batch) pairs, batch_size items of about one length
+    each (sorted longest first, so an out-of-memory error shows at once), preprocessed in num_workers DataLoader
+    workers (0: in this process). An error names the item's index."""
+    lengths = [prepared(i, item, preprocessor.num_tokens) for i, item in enumerate(items)]
+    order = sorted(range(len(items)), key=lambda i: -lengths[i])
+    batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+    loader = torch.utils.data.DataLoader(Items(items, preprocessor), batch_sampler=batches, num_workers=num_workers,
+                                         collate_fn=preprocessor.collate)
+    return zip(batches, loader)

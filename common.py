@@ -1,0 +1,208 @@
+"""
+common.py: what every script needs around its work (nanochat's common.py in spirit): the process and its device,
+progress lines, one-line errors for the mistakes a user must fix, atomic writes, and Weights & Biases. It imports
+no other module of this project, so every module may import it.
+
+    rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
+    progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
+    raise UserError("train_data: no such file data/x.jsonl")         # printed as one line: 'error: ...'
+    write_json("out/eval.json", result)                              # never half a file, even with two writers
+
+UserError is the one exception class for a mistake the user must fix (a bad key or value, a missing file, a bad
+row, a refused out_dir): install_error_hook() prints it as `error: message` and nothing else. Every other error
+(a bug, a library's failure) keeps its whole traceback. PACE_TRACEBACK=1 keeps the traceback of UserError too.
+"""
+import contextlib
+import datetime
+import json
+import math
+import os
+import re
+import sys
+import time
+import uuid
+
+import torch
+
+
+class UserError(ValueError):
+    """A mistake the user must fix: a bad config key or value, a missing file, a bad row, a refused out_dir.
+    A ValueError, so code that catches bad values catches it too."""
+
+
+# -----------------------------------------------------------------------------
+# the process and its device
+
+MONITOR = None  # compute_init's spare gloo group: after a timeout the main group is broken, this one can still ask
+MONITOR_WAIT = None  # how long it waits for an answer
+
+
+def compute_init(device, timeout_minutes=10.0):
+    """-> (rank, local_rank, world_size, torch.device). Under torchrun (RANK set) it joins the process group: NCCL
+    on GPU, gloo on CPU, with a timeout, so a collective that waits on a stopped or dead rank ends the run with an
+    error instead of hanging (on gloo the error hook then names the rank that does not answer; NCCL's watchdog
+    names the rank and the operation that timed out). Without torchrun, one process on `device`. On a CPU it keeps
+    transformers from binding flash-linear-attention's GPU kernels, which fail there."""
+    import torch.distributed as dist
+    global MONITOR, MONITOR_WAIT
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UserError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if device == "cpu":  # fla's Triton kernels need a GPU, yet transformers binds them if fla imports
+        for package in ("fla", "causal_conv1d"):
+            sys.modules.setdefault(package, None)  # so "import fla" fails and the PyTorch reference is bound
+    elif not torch.cuda.is_available():
+        raise UserError("device='cuda' but torch sees no GPU here: pass --device=cpu (and --dtype=float32)")
+    if "RANK" not in os.environ:
+        return 0, 0, 1, torch.device(device)
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=timeout, device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    MONITOR = dist.new_group(backend="gloo", timeout=timeout)  # idle until a collective times out: then it asks who
+    MONITOR_WAIT = min(timeout, datetime.timedelta(seconds=30))
+    return rank, local_rank, world, torch.device("cuda", local_rank) if device.startswith("cuda") else torch.device("cpu")
+
+
+def stuck_ranks():
+    """After a collective timed out: which ranks do not answer, asked over the spare group with gloo's
+    monitored_barrier (rank 0 is the one that can tell). -> a few words."""
+    import torch.distributed as dist
+    try:
+        dist.monitored_barrier(group=MONITOR, timeout=MONITOR_WAIT, wait_all_ranks=True)
+        return "every rank answers now: one was far behind"
+    except RuntimeError as error:
+        ranks = re.search(r"Ranks? ([\d, ]+) failed to pass", str(error))
+        return f"rank {ranks.group(1).strip()} does not answer: stopped, dead or stuck" if ranks else \
+            "rank 0's message names the rank that does not answer"
+
+
+def worker_count(wanted):
+    """DataLoader workers: `wanted`, but never more than this process's share of the cores (os.sched_getaffinity,
+    divided among torchrun's local ranks), since more only wait on each other and torch warns about them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(0, min(wanted, share))
+
+
+# -----------------------------------------------------------------------------
+# progress and errors
+
+def duration(seconds):
+    """Seconds -> '1:02:03' or '2:03'."""
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Progress:
+    """Prints 'label: done/total unit, rate/s, elapsed, ~left' every `every` seconds and when done, so long
+    work is never silent. total=None: counts without a percentage or time left."""
+
+    def __init__(self, total, label, unit="items", every=10.0):
+        self.total, self.label, self.unit, self.every = total, label, unit, every
+        self.done, self.start, self.last = 0, time.time(), time.time()
+
+    def update(self, count=1):
+        self.done += count
+        now = time.time()
+        if now - self.last < self.every and self.done != self.total:
+            return
+        self.last, elapsed = now, now - self.start
+        rate = self.done / max(elapsed, 1e-9)
+        if self.total is None:
+            print(f"{self.label}: {self.done:,} {self.unit}, {rate:,.1f}/s, {duration(elapsed)} elapsed", flush=True)
+            return
+        left = (self.total - self.done) / rate if rate else math.inf
+        print(f"{self.label}: {self.done:,}/{self.total:,} {self.unit}, {rate:,.1f}/s, {duration(elapsed)} elapsed"
+              + (f", ~{duration(left)} left" if self.done < self.total else ""), flush=True)
+
+
+def install_error_hook():
+    """Make an uncaught UserError (also one re-raised from a DataLoader worker) end the run with `error: message`
+    and nothing else; every other error keeps its traceback. PACE_TRACEBACK=1 keeps them all."""
+    previous = sys.excepthook
+
+    def hook(kind, error, tb):
+        message = one_line_message(error)
+        if message is None or os.environ.get("PACE_TRACEBACK"):
+            return previous(kind, error, tb)
+        print(f"error: {message}", file=sys.stderr, flush=True)
+
+    sys.excepthook = hook
+
+
+def one_line_message(error):
+    """The message of a UserError (or of a collective's timeout, which names the rank that does not answer), else
+    None: that error keeps its traceback."""
+    if isinstance(error, RuntimeError) and MONITOR is not None and "Timed out waiting" in str(error):
+        return (f"rank {os.environ.get('RANK')}: a collective waited longer than timeout_minutes for another rank; "
+                f"{stuck_ranks()}")
+    if not isinstance(error, UserError):
+        return None
+    text = str(error)
+    if "Original Traceback" in text:  # re-raised from a DataLoader worker, its traceback inside the message
+        return text.strip().splitlines()[-1].split(": ", 1)[-1]
+    return text
+
+
+# -----------------------------------------------------------------------------
+# atomic writes
+
+@contextlib.contextmanager
+def replaced_atomically(path, since=None):
+    """Yields a temporary path beside `path`, unique to this writer; when the block ends without an error, it is
+    renamed onto `path` (else deleted). Readers never see half a file, and two writers of one output cannot
+    interleave: the later rename wins whole. since: this writer's start time; a file at `path` written after it
+    (by another writer) is named as replaced."""
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        yield tmp
+        if since is not None and os.path.exists(path) and os.path.getmtime(path) > since:
+            print(f"note: replaced {path}, which another writer wrote after this one started", flush=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path, text, since=None):
+    """Write a text file atomically (replaced_atomically)."""
+    with replaced_atomically(path, since) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def write_json(path, value, since=None):
+    """Write JSON atomically, indented (tuples become lists)."""
+    write_text(path, json.dumps(value, indent=2) + "\n", since)
+
+
+# -----------------------------------------------------------------------------
+# Weights & Biases
+
+def wandb_run_id(out_dir, resuming):
+    """The Weights & Biases run id of out_dir's run: when resuming, the one out_dir/wandb_run_id keeps; else a new
+    one, kept there. So a resumed run logs into the same W&B run, and a fresh one starts its own."""
+    path = os.path.join(out_dir, "wandb_run_id")
+    if resuming and os.path.isfile(path):
+        with open(path) as f:
+            return f.read().strip()
+    run_id = uuid.uuid4().hex[:16]
+    write_text(path, run_id + "\n")
+    return run_id
+
+
+def start_wandb(out_dir, resuming, project, name, config):
+    """Start, or when resuming continue, out_dir's W&B run. -> the wandb module. Imported only when asked for."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("wandb_log=True needs the wandb package: pip install wandb (then wandb login)") from None
+    wandb.init(project=project, name=name, id=wandb_run_id(out_dir, resuming), resume="allow", config=config)
+    return wandb

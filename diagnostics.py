@@ -1,0 +1,168 @@
+"""
+diagnostics.py: the paper's geometry diagnostics of an embedding space (Sections 3.2 and 6, Appendix C.2),
+measured by eval.py on the evaluation data and, as the paper does, on training rows.
+
+    samples = [pairs(query_emb, gold_emb, candidate_emb, size=500)]   # per dataset: matched pairs and a sample
+    numbers, picture = summary(samples, max_points=5000, title="out/stage2/export: evaluation data")
+
+- norm entanglement: the Pearson r between the standardised log norm product log(|q| |c+|) and cos(q, c+) over
+  matched query-gold pairs (Section 6: -0.78 after direct dot training, -0.11 after PACE; Figure 4a);
+- norm from direction: the cross-validated R^2 of a linear fit of the standardised log norm on the first k
+  principal components of the l2-normalised embeddings, k = 2 (the PCA picture's axes) and k = 10. The paper's
+  Figures 2a, 7 and 9 say that after direct dot training "embedding magnitude is largely predictable from
+  direction alone": R^2 near 1 says that, near 0 that direction does not tell the norm (this measure is this
+  codebase's; the paper draws the picture but gives no number);
+- anisotropy: the mean cosine of random query-candidate pairs (Figures 2b, 4b), over every pair of the sampled
+  queries and candidates (mean(q^) . mean(c^), exactly); the histogram draws one random pair per sampled query;
+- the PCA of the normalised embeddings coloured by norm percentile (Figures 2a, 7, 9), and norm statistics.
+When every embedding has the same norm (a LoRA-only cosine run keeps Qwen3.5's final RMSNorm weight, and a model
+whose weight is uniform gives every embedding the norm sqrt(D)), r and R^2 are undefined: the numbers say
+"all norms N" instead, and the pictures say so rather than plot rounding noise.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+import plot
+
+FOLDS = 5  # cross-validation folds of the R^2
+COMPONENTS = (2, 10)  # principal components the norm is fitted on
+EQUAL_NORMS = 1e-4  # norms within this relative spread of each other are one norm (float32 rounding)
+
+
+def pairs(query_emb, positive_emb, candidate_emb, size, generator=None):
+    """What the diagnostics need from one dataset: query_emb (Q, D) and positive_emb (Q, D) row by row (matched
+    pairs), candidate_emb (M, D) its distinct candidates. Per-pair scalars for every row; vectors only for a
+    random sample of `size` queries and `size` candidates."""
+    query_norm, positive_norm = query_emb.norm(dim=1), positive_emb.norm(dim=1)  # (Q,), (Q,)
+    query_pick = torch.randperm(len(query_emb), generator=generator)[:size]
+    candidate_pick = torch.randperm(len(candidate_emb), generator=generator)[:size]
+    return {"log_norm_product": query_norm.clamp_min(1e-30).log() + positive_norm.clamp_min(1e-30).log(),  # (Q,)
+            "cos_positive": F.cosine_similarity(query_emb, positive_emb, dim=1),  # (Q,)
+            "query_norms": query_norm, "candidate_norms": candidate_emb.norm(dim=1),  # (Q,), (M,)
+            "queries": query_emb[query_pick], "candidates": candidate_emb[candidate_pick]}  # (s, D), (s', D)
+
+
+def equal_norms(norms):
+    """True when every norm is the same up to float32 rounding."""
+    norms = norms.double()
+    return len(norms) < 2 or float((norms.max() - norms.min()) / norms.mean().clamp_min(1e-30)) < EQUAL_NORMS
+
+
+def pearson(x, y):
+    """Pearson r of two (N,) tensors; None when either is constant to float32 precision (e.g. a model whose final
+    RMSNorm gives every embedding the same norm), where r would be rounding noise."""
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    if len(x) < 2 or x.abs().max() < 1e-5 or y.abs().max() < 1e-5:
+        return None
+    return float((x * y).sum() / (x.norm() * y.norm()))
+
+
+def norm_from_direction_r2(embeddings, k, folds=FOLDS, seed=0):
+    """Cross-validated R^2 of a least-squares fit (with intercept) of the standardised log norm of embeddings (N, D)
+    on the first k principal components of their l2-normalised directions, the PCA fitted on each training fold
+    alone. R^2 = 1 - sum (y - y_out_of_fold)^2 / sum (y - mean y)^2, pooled over the folds. None when every norm is
+    the same (nothing to predict) or there are too few points for k components."""
+    x = embeddings.double()
+    norms = x.norm(dim=1)
+    if equal_norms(norms) or len(x) < folds * (k + 2):
+        return None
+    target = norms.log()
+    target = (target - target.mean()) / target.std()  # (N,) standardised log norm
+    directions = F.normalize(x, dim=1)  # (N, D)
+    fold = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed)) % folds  # (N,) fold of each point
+    predicted = torch.empty_like(target)
+    for f in range(folds):
+        train, test = fold != f, fold == f
+        mean = directions[train].mean(0)
+        _, _, v_transposed = torch.linalg.svd(directions[train] - mean, full_matrices=False)
+        basis = v_transposed[:k].T  # (D, k)
+        design = lambda rows: F.pad((directions[rows] - mean) @ basis, (1, 0), value=1.0)  # noqa: E731 - (n, 1 + k)
+        coefficients = torch.linalg.lstsq(design(train), target[train, None]).solution  # (1 + k, 1)
+        predicted[test] = (design(test) @ coefficients)[:, 0]
+    return float(1 - ((target - predicted) ** 2).sum() / ((target - target.mean()) ** 2).sum())
+
+
+def norm_stats(norms):
+    percentiles = torch.quantile(norms.double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
+    return {"mean": norms.mean().item(), "std": norms.std().item() if len(norms) > 1 else 0.0,
+            "min": norms.min().item(), "max": norms.max().item(), "p5_p50_p95": percentiles.tolist(),
+            "all_equal": equal_norms(norms)}
+
+
+def describe(numbers):
+    """One line of summary()'s numbers, for the console."""
+    norms = numbers["query_norm"]
+    text = (f"all norms {norms['mean']:.2f} (r and R^2 undefined)" if numbers["all_norms_equal"] else
+            f"r {numbers['norm_cos_pearson_r']:.3f}, norm-from-direction R^2 (k=2) "
+            f"{format_r2(numbers['norm_from_direction_r2']['2'])}, (k=10) {format_r2(numbers['norm_from_direction_r2']['10'])}")
+    return (text + f", random-pair cos {numbers['random_pair_mean_cos']:.3f} (mean over "
+            f"{numbers['num_random_pairs']:,} sampled pairs)")
+
+
+def format_r2(value):
+    return "-" if value is None else f"{value:.2f}"
+
+
+def summary(samples, max_points=5000, title=""):
+    """Pool pairs() of the evaluated datasets -> (the numbers, with what redraws the pictures; the picture: the
+    random-pair cosine histogram, the log norm product against cosine, the PCA)."""
+    pooled = {key: torch.cat([s[key] for s in samples]) for key in samples[0]}
+    queries, candidates = pooled["queries"], pooled["candidates"]  # (S, D), (S', D)
+    directions_q, directions_c = F.normalize(queries, dim=1), F.normalize(candidates, dim=1)
+    # drawn: each sampled query with a sampled candidate drawn at random (a matched one is rare and harmless)
+    order = torch.randint(len(directions_c), (len(directions_q),), generator=torch.Generator().manual_seed(0))
+    random_cos = (directions_q * directions_c[order]).sum(dim=1)  # (S,)
+    log_product, cos_positive = pooled["log_norm_product"], pooled["cos_positive"]  # (P,), (P,)
+    sampled = torch.cat([queries, candidates])  # (N, D) the original embeddings
+    all_equal = equal_norms(torch.cat([pooled["query_norms"], pooled["candidate_norms"]]))
+    r = None if all_equal else pearson(log_product, cos_positive)
+    standardised = torch.zeros_like(log_product) if r is None else (log_product - log_product.mean()) / log_product.std()
+    points = torch.cat([directions_q, directions_c]).double()  # (N, D) on the unit sphere
+    centred = points - points.mean(0)
+    _, singular, v_transposed = torch.linalg.svd(centred, full_matrices=False)
+    projected = F.pad(centred @ v_transposed[:2].T, (0, max(0, 2 - v_transposed.shape[0])))  # (N, 2) even when D = 1
+    variance = singular ** 2
+    norms = sampled.norm(dim=1)  # (N,)
+    percentile = (norms.argsort().argsort().double() / max(len(norms) - 1, 1)).tolist()  # (N,) in [0, 1]
+    is_query = [i < len(queries) for i in range(len(points))]
+    keep = torch.randperm(len(log_product), generator=torch.Generator().manual_seed(1))[:max_points]
+    numbers = {"norm_cos_pearson_r": r, "num_matched_pairs": len(log_product), "all_norms_equal": all_equal,
+               "norm_from_direction_r2": {str(k): norm_from_direction_r2(sampled, k) for k in COMPONENTS},
+               "random_pair_mean_cos": float(directions_q.mean(0) @ directions_c.mean(0)),
+               "num_random_pairs": len(queries) * len(candidates),
+               "query_norm": norm_stats(pooled["query_norms"]), "candidate_norm": norm_stats(pooled["candidate_norms"]),
+               "pca_explained_variance": [float(v / variance.sum().clamp_min(1e-30)) for v in variance[:2]],
+               "pca": {"x": projected[:, 0].tolist(), "y": projected[:, 1].tolist(),
+                       "norm_percentile": None if all_equal else percentile, "is_query": is_query},
+               "random_pair_cos": random_cos.tolist(),
+               "pairs": {"standardised_log_norm_product": standardised[keep].tolist(),
+                         "cos_positive": cos_positive[keep].tolist()}}
+    numbers = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in numbers.items()}
+    return numbers, picture(numbers, title)
+
+
+def picture(numbers, title):
+    """summary()'s three panels, from its numbers alone (so a JSON redraws them)."""
+    explained = numbers["pca_explained_variance"] + [0.0]
+    r2 = numbers["norm_from_direction_r2"]
+    norm = numbers["query_norm"]["mean"]
+    histogram = plot.histogram([{"label": f"{len(numbers['random_pair_cos']):,} drawn pairs",
+                                 "values": numbers["random_pair_cos"]}], value_range=(-1, 1), x_label="cos",
+                               title=f"random pairs: mean cos {numbers['random_pair_mean_cos']:.3f} over all "
+                                     f"{numbers['num_random_pairs']:,}")
+    if numbers["all_norms_equal"]:
+        matched = plot.scatter([], [], title="matched pairs", x_label="standardised log(|q| |c+|)", y_label="cos(q, c+)",
+                               note=f"all norms {norm:.2f}: no norm to standardise")
+    else:
+        matched = plot.scatter(numbers["pairs"]["standardised_log_norm_product"], numbers["pairs"]["cos_positive"],
+                               title="matched pairs", x_label="standardised log(|q| |c+|)", y_label="cos(q, c+)",
+                               note=f"r = {numbers['norm_cos_pearson_r']:.2f}")
+    pca = plot.scatter(numbers["pca"]["x"], numbers["pca"]["y"], colour=numbers["pca"]["norm_percentile"],
+                       equal_axes=True, marker=["circle" if q else "triangle" for q in numbers["pca"]["is_query"]],
+                       title=f"PCA; norm from direction R^2 {format_r2(r2['2'])} (k=2), {format_r2(r2['10'])} (k=10)",
+                       x_label=f"PC1 {100 * explained[0]:.0f}%", y_label=f"PC2 {100 * explained[1]:.0f}%",
+                       note=(f"all norms {norm:.2f}; " if numbers["all_norms_equal"] else "colour: norm percentile; ")
+                       + "o query, ^ candidate")
+    return plot.grid([histogram, matched, pca], columns=3, title=title)

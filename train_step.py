@@ -1,0 +1,127 @@
+"""
+train_step.py: one PACE training step and what it runs on, as functions with explicit arguments: train.py calls
+them in its loop, bench/bench.py times them and the tests check them, so all three run the same code.
+
+    fully_shard_embedder(embedder, torch.bfloat16)                  # FSDP2, in torchtitan's order (several ranks)
+    optimizer = adamw(embedder, lr=2e-5, betas=(0.9, 0.999), weight_decay=0.0, sharded=True)
+    stats = forward_backward(embedder, batch, loss_args, grad_cache_chunk=0)   # embed, eqs. (3)-(7), backward
+    grad_norm = clip_gradients(trainable_parameters(embedder), 1.0)
+    optimizer.step(); optimizer.zero_grad(set_to_none=True)
+
+A step: each rank embeds its share of the global batch (queries, then their positives and hard negatives), loss.py
+ranks every query against the candidates of all ranks, backward; train.py then clips and steps AdamW. GradCache
+(Appendix C.1) gives the same gradients as the plain step in the memory of one chunk.
+"""
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+import loss
+
+
+def fully_shard_embedder(embedder, param_dtype):
+    """FSDP2 in torchtitan's order: each decoder layer is a unit (its all-gather overlaps the previous layer's
+    compute), then the root, which holds the embeddings and the frozen vision tower. The tower is not a unit of
+    its own: a rank whose batch has no image never calls it, and a unit's all-gather is a collective every rank
+    must join; in the root it is gathered at every forward. param_dtype compute (bf16), float32 gradient
+    reduction; the optimizer keeps float32 master weights. Inject or merge LoRA before this, never after."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for layer in embedder.model.language_model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(embedder, mp_policy=policy)
+
+
+def trainable_parameters(embedder):
+    return [p for p in embedder.parameters() if p.requires_grad]
+
+
+def adamw_options(torch_version, device_type, sharded):
+    """AdamW's implementation for this torch and device. Fused (one kernel for all parameters) is the fastest on
+    CUDA, but on FSDP2's DTensor parameters torch 2.10 and 2.11 leak host memory with it, about one DTensorSpec
+    per tensor per step (https://github.com/pytorch/pytorch/issues/181761,
+    https://github.com/pytorch/pytorch/issues/188174): foreach there. On a CPU, foreach."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    if device_type == "cuda" and not (sharded and (major, minor) in ((2, 10), (2, 11))):
+        return {"fused": True}
+    return {"foreach": True}
+
+
+def adamw(embedder, lr, betas, weight_decay, sharded):
+    """AdamW over the trainable parameters: weight decay on matrices only, the implementation adamw_options picks."""
+    trainable = trainable_parameters(embedder)
+    groups = [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
+    device_type = embedder.pixel_table.device.type
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **adamw_options(torch.__version__, device_type, sharded))
+
+
+def autocast_for(embedder, dtype):
+    """The autocast a step runs under: none when FSDP2 casts (it holds its own MixedPrecisionPolicy) or the compute
+    dtype is float32; else bf16 autocast on the embedder's device (one process on a GPU)."""
+    sharded = hasattr(embedder, "set_requires_gradient_sync")  # what fully_shard adds
+    if sharded or dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(embedder.pixel_table.device.type, dtype=dtype)
+
+
+def embed(embedder, chunk, autocast=None):
+    """One collated chunk of this rank's batch -> (B, D) float32 embeddings."""
+    with autocast or nullcontext():
+        return embedder(**chunk)
+
+
+def forward_backward(embedder, batch, loss_args, grad_cache_chunk=0, autocast=None):
+    """Embed the batch, compute the loss (loss.pace_loss(**loss_args): similarity, temperature, focal_gamma,
+    focal_temperature, weighting) and backpropagate. -> the loss statistics.
+    Plain: one graph over every chunk, one backward. GradCache (grad_cache_chunk > 0; the collate cut the batch
+    into chunks of that many items), a large batch in the memory of one chunk: 1) embed every chunk without a
+    graph; 2) the loss, and its gradient with respect to those embeddings; 3) embed each chunk again, with a
+    graph, and backpropagate its share of that gradient. The same gradients as the plain step: each re-embedding
+    replays its first pass's RNG state (dropout draws the same masks), and FSDP2 reduces gradients once, after
+    the last chunk."""
+    device = embedder.pixel_table.device
+    targets = batch["targets"].to(device)
+    if not grad_cache_chunk:
+        q = torch.cat([embed(embedder, chunk, autocast) for chunk in batch["query"]])  # (n, D)
+        c = torch.cat([embed(embedder, chunk, autocast) for chunk in batch["candidate"]])  # (n * (1 + K), D)
+        batch_loss, stats = loss.pace_loss(q, c, targets, **loss_args)
+        batch_loss.backward()
+        return stats
+    chunks = batch["query"] + batch["candidate"]
+    rng_states, embeddings = [], []
+    with torch.no_grad():  # 1)
+        for chunk in chunks:
+            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if device.type == "cuda" else None))
+            embeddings.append(embed(embedder, chunk, autocast).requires_grad_())
+    num_query_chunks = len(batch["query"])
+    q, c = torch.cat(embeddings[:num_query_chunks]), torch.cat(embeddings[num_query_chunks:])
+    batch_loss, stats = loss.pace_loss(q, c, targets, **loss_args)
+    batch_loss.backward()  # 2) d loss / d embedding into each embeddings[i].grad
+    sharded = hasattr(embedder, "set_requires_gradient_sync")
+    for i, (chunk, cached, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, embeddings, rng_states)):  # 3)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng)
+        if sharded:
+            embedder.set_requires_gradient_sync(i == len(chunks) - 1)
+        embed(embedder, chunk, autocast).backward(cached.grad)
+    return stats
+
+
+def clip_gradients(trainable, grad_clip):
+    """Clip the global gradient norm to grad_clip (0: no clipping); -> the norm before clipping (the same on every
+    rank: for FSDP2's DTensor gradients the norm is reduced over the ranks)."""
+    norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip if grad_clip > 0 else float("inf"))
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+
+
+def parameters_finite(trainable):
+    """True when every trainable parameter is finite on every rank: a checkpoint is only written then."""
+    local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in trainable)
+    device = trainable[0].device if trainable else torch.device("cpu")
+    flag = torch.tensor(float(local), device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
