@@ -368,9 +368,10 @@ def load_train_rows(train_data, image_dir, num_hard_negatives=5, seed=0, skip_ba
                         rows += [dict(row, source=f"{path} {location}") for location, row in read_rows(
                             path, TRAIN_COLUMNS, lambda r: train_row(r, images, report), report,
                             skip_bad_rows or check, left)]
-                if not rows:
-                    raise UserError(f"{subset}: no usable rows")
-                fill_or_cut_negatives(rows, num_hard_negatives, seed, len(reports) - 1, report)
+                if not rows and not report.bad:
+                    raise UserError(f"{subset}: no rows in it")
+                if rows:  # (a subset whose every row was bad and skipped is reported, and adds nothing)
+                    fill_or_cut_negatives(rows, num_hard_negatives, seed, len(reports) - 1, report)
             except UserError as error:
                 if not check:
                     raise

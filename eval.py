@@ -111,7 +111,7 @@ def which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log):
     if not names:
         raise UserError(f"no dataset with Parquet files to evaluate in {mmeb_dir}")
     scored_mmeb = [name for name in names if name in mmeb.MMEB_TABLE]
-    missing = [name for name in mmeb.MMEB_TABLE if name not in scored_mmeb] if scored_mmeb else []
+    missing = sorted(name for name in mmeb.MMEB_TABLE if name not in scored_mmeb) if scored_mmeb else []
     return scored_mmeb, [name for name in names if name not in mmeb.MMEB_TABLE], omitted, missing
 
 
@@ -224,7 +224,7 @@ def read_dataset(name, config, check=False):
                                   config["skip_bad_rows"], config["instructions"], config["allow_any_image_path"], check)
 
 
-def evaluate_all(embedder, names, config, ranking, rank, world_size, log):
+def evaluate_all(embedder, names, config, similarity, rank, world_size, log):
     """Every dataset of `names` -> (per-dataset results, the geometry samples of each dataset)."""
     generator, stem = torch.Generator().manual_seed(config["seed"]), os.path.splitext(config["out"])[0]
     geometry_size = math.ceil(config["geometry_samples"] / len(names)) if config["geometry"] else 0  # spread evenly
@@ -233,7 +233,7 @@ def evaluate_all(embedder, names, config, ranking, rank, world_size, log):
     for name in names:
         rows, report = read_dataset(name, config)
         result, embeddings, query_index, cand_index, scores = evaluate_dataset(
-            embedder, rows, ranking, config["batch_size"], workers, rank, world_size, label=name)
+            embedder, rows, similarity, config["batch_size"], workers, rank, world_size, label=name)
         meta_task, split = mmeb.dataset_group(name)
         per_dataset[name] = dict(result, meta_task=meta_task, split=split, layout=report.layout,
                                  instructions=dict(report.instructions.counts), bad_rows=dict(report.bad))
@@ -244,6 +244,7 @@ def evaluate_all(embedder, names, config, ranking, rank, world_size, log):
         if config["sheet_queries"] and rank == 0:
             per_dataset[name]["sheet_png"] = retrieval_sheet(name, rows, scores, f"{stem}_sheet_{name}.png",
                                                              config["sheet_queries"], config["sheet_top_k"], config["seed"])
+            log(f"drew {per_dataset[name]['sheet_png']}")
         low, high = result["candidates"]
         log(f"{name}: P@1 {result['precision_at_1']:.1f} (argmax {result['precision_at_1_argmax']:.1f}) over "
             f"{result['num_queries']} queries ({result['ties']} tied with the gold), {result['distinct_items']} "
@@ -359,18 +360,18 @@ def main(argv=None):
     embedder, info = load_embedder(config["init_from"], getattr(torch, config["dtype"]), max_length=config["max_length"],
                                    **({"max_pixels": config["max_pixels"]} if config["max_pixels"] else {}))
     embedder.to(run_device).eval()
-    ranking = config["similarity"] or info.get("similarity") or "cos"
+    similarity = config["similarity"] or info.get("similarity") or "cos"
     if not (config["similarity"] or info.get("similarity")):
         log(f"{config['init_from']} does not say what it was trained with (no pace.json similarity): ranking by cosine")
     names = mmeb_names + other_names
-    per_dataset, samples = evaluate_all(embedder, names, config, ranking, rank, world_size, log)
+    per_dataset, samples = evaluate_all(embedder, names, config, similarity, rank, world_size, log)
     generator = torch.Generator().manual_seed(config["seed"] + 1)
     train = [train_geometry(embedder, config, rank, world_size, generator)] \
         if config["geometry"] and config["geometry_train_data"] else []
     main_names = mmeb_names or other_names  # MMEB's datasets; the others apart. Without MMEB's, the others alone
     output = {"benchmark": "MMEB" if mmeb_names else "other",
               **scores_section({n: per_dataset[n] for n in main_names}, missing, bool(mmeb_names)),
-              "omitted": omitted, "similarity": ranking, "init_from": config["init_from"], "config": config}
+              "omitted": omitted, "similarity": similarity, "init_from": config["init_from"], "config": config}
     if mmeb_names and other_names:
         output["others"] = scores_section({n: per_dataset[n] for n in other_names}, [], False)
     if rank == 0:

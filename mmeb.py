@@ -38,6 +38,7 @@ import re
 from common import UserError
 
 IMAGE_MARKER = "<|image_1|>"  # in MMEB / mmE5 text: where the side's image goes
+IMAGE_CANDIDATE = IMAGE_MARKER + "\nRepresent the given image."  # MMEB's text beside an image candidate
 GROUNDING_OWN = None  # MMEB-train and MMEB-eval word the grounding instructions differently: none to swap
 
 # name (as the MMEB-eval folder) -> (meta task, split, task format, the dataset's own query instruction)

@@ -41,11 +41,6 @@ PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (148, 103, 189), (140,
 # -----------------------------------------------------------------------------
 # numbers to pixels
 
-def points(x, y, log_y=False):
-    """(x, y) pairs as an (n, 2) array, without pairs holding None, NaN or inf (or y <= 0 when log_y)."""
-    return np.concatenate([np.zeros((0, 2))] + segments(x, y, log_y))
-
-
 def segments(x, y, log_y=False):
     """The runs of finite (x, y) pairs between the pairs holding None, NaN or inf: a curve is never drawn across
     a gap. -> list of (n, 2) arrays"""
@@ -463,15 +458,13 @@ def started_from(log_path, earlier_log_path):
 def main(argv):
     """python plot.py OUT_DIR [OUT_DIR ...] [--out=PATH]: the training curves of train.py runs, each out_dir
     continuing the one before, into PATH (default: beside the runs, curves_<run>+<run>.png); -> the path written."""
-    out = next((a[len("--out="):] for a in argv if a.startswith("--out=")), "")
-    folders = [a for a in argv if not a.startswith("--")]
-    if not folders or any(a.startswith("--") and not a.startswith("--out=") for a in argv):
+    folders, options = [a for a in argv if not a.startswith("--")], [a for a in argv if a.startswith("--")]
+    if not folders or any(not a.startswith("--out=") for a in options):
         raise UserError("usage: python plot.py OUT_DIR [OUT_DIR ...] [--out=PATH]   (each OUT_DIR a train.py out_dir)")
     for folder in folders:
-        if not os.path.isdir(folder):
-            raise UserError(f"{folder}: no such folder")
         if not os.path.isfile(os.path.join(folder, "log.jsonl")):
-            raise UserError(f"{folder}: no log.jsonl in it: not a train.py out_dir, or its run has logged no step yet")
+            raise UserError(f"{folder}: no such folder" if not os.path.isdir(folder) else f"{folder}: no log.jsonl in "
+                            "it: not a train.py out_dir, or its run has logged no step yet")
     logs = [os.path.join(folder, "log.jsonl") for folder in folders]
     empty = [log for log in logs if not curve_records([log])[0]]
     for log in empty:
@@ -479,8 +472,8 @@ def main(argv):
     if len(empty) == len(logs):
         raise UserError("nothing to draw: every log.jsonl is empty")
     names = "+".join(os.path.basename(os.path.abspath(folder)) for folder in folders)
-    out = out or os.path.join(os.path.dirname(os.path.abspath(folders[-1])), f"curves_{names}.png")
-    return save(training_curves(logs), out)
+    default = os.path.join(os.path.dirname(os.path.abspath(folders[-1])), f"curves_{names}.png")
+    return save(training_curves(logs), options[-1][len("--out="):] if options else default)
 
 
 if __name__ == "__main__":

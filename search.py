@@ -160,11 +160,11 @@ def finite_or_refuse(embeddings, items, what):
         raise UserError(f"{what}: {len(bad)} vectors are not finite, e.g. item {items[int(bad[0])]['id']!r}")
 
 
-def index(embedder, items, ranking, path, init_from, batch_size, num_workers):
+def index(embedder, items, similarity, path, init_from, batch_size, num_workers):
     """Embed items into the vectors file at path. -> (vectors (N, D), items, metadata), as read_vectors gives them"""
     embeddings = embedder.encode(items, batch_size, num_workers, progress="indexing")
     finite_or_refuse(embeddings, items, f"indexing with {init_from}")
-    metadata = {"items": json.dumps(items), "similarity": ranking, "init_from": os.path.abspath(init_from),
+    metadata = {"items": json.dumps(items), "similarity": similarity, "init_from": os.path.abspath(init_from),
                 "fingerprint": checkpoint.fingerprint(init_from), "sha256": vectors_checksum(embeddings)}
     with common.replaced_atomically(path) as tmp:  # a crash never leaves half a file
         save_file({"vectors": embeddings}, tmp, metadata)
@@ -194,10 +194,10 @@ def read_vectors(path):
 # -----------------------------------------------------------------------------
 # ranking and showing
 
-def top(query_vectors, stored, ranking, k):
+def top(query_vectors, stored, similarity, k):
     """-> (scores (Q, k), indices (Q, k)) of the k best stored vectors for each query, best first: the scores
     training used, eq. (1) or (2) (loss.similarity_matrix)."""
-    return torch.topk(loss.similarity_matrix(query_vectors, stored, ranking), min(k, len(stored)), dim=1)
+    return torch.topk(loss.similarity_matrix(query_vectors, stored, similarity), min(k, len(stored)), dim=1)
 
 
 def short(text, width=70):
@@ -225,7 +225,7 @@ def draw_sheet(asked, results, title, path, gold_id):
     return plot.save(plot.retrieval_sheet(rows, title=title), path)
 
 
-def stored_ranking(stored, embedder, config, fingerprint, ranking):
+def stored_similarity(stored, embedder, config, fingerprint, similarity):
     """The similarity to rank a vectors file by: this checkpoint's, when the file was indexed with it; for another
     checkpoint's vectors a UserError, or with allow_other_checkpoint the similarity they were indexed for."""
     stored_vectors, _, metadata = stored
@@ -233,7 +233,7 @@ def stored_ranking(stored, embedder, config, fingerprint, ranking):
         raise UserError(f"{config['vectors']} holds vectors of dimension {stored_vectors.shape[1]} made by "
                         f"{metadata['init_from']}; {config['init_from']} makes {embedder.dim}: index again with it")
     if metadata["fingerprint"] == fingerprint:
-        return ranking
+        return similarity
     if not config["allow_other_checkpoint"]:
         raise UserError(f"{config['vectors']} was indexed with {metadata['init_from']} (another checkpoint, fingerprint "
                         f"{metadata['fingerprint']}), not {config['init_from']} ({fingerprint}): its vectors live in "
@@ -243,19 +243,19 @@ def stored_ranking(stored, embedder, config, fingerprint, ranking):
     return metadata["similarity"]
 
 
-def answer(embedder, asked, stored, ranking, config):
+def answer(embedder, asked, stored, similarity, config):
     """Rank the stored items for each query, print them and, if asked, draw the sheet. -> each query's results"""
     stored_vectors, stored_items, _ = stored
     workers = common.worker_count(config["num_workers"])
     query_vectors = embedder.encode(asked, config["batch_size"], workers, progress="queries" if len(asked) > 1 else "")
     finite_or_refuse(query_vectors, asked, "the queries")
-    scores, indices = top(query_vectors, stored_vectors, ranking, config["top_k"])
+    scores, indices = top(query_vectors, stored_vectors, similarity, config["top_k"])
     results = [[dict(stored_items[j], score=score) for score, j in zip(row_scores, row_indices)]
                for row_scores, row_indices in zip(scores.tolist(), indices.tolist())]
     for query, found in zip(asked, results):
         print_results(query, found)
     if config["sheet"]:
-        title = f"{config['init_from']}: top {config['top_k']} by {'cosine' if ranking == 'cos' else 'dot product'}"
+        title = f"{config['init_from']}: top {config['top_k']} by {'cosine' if similarity == 'cos' else 'dot product'}"
         print(f"drew {draw_sheet(asked, results, title, config['sheet'], config['gold_id'])}")
     return results
 
@@ -284,14 +284,14 @@ def main(argv=None):
                                    **({"max_pixels": config["max_pixels"]} if config["max_pixels"] else {}))
     embedder.to(run_device).eval()
     print(kernel_report(run_device))
-    ranking = config["similarity"] or info.get("similarity") or "cos"
+    similarity = config["similarity"] or info.get("similarity") or "cos"
     if items:
-        stored = index(embedder, items, ranking, config["vectors"], config["init_from"], config["batch_size"],
+        stored = index(embedder, items, similarity, config["vectors"], config["init_from"], config["batch_size"],
                        common.worker_count(config["num_workers"]))
     else:
-        ranking = stored_ranking(stored, embedder, config, checkpoint.fingerprint(config["init_from"]), ranking)
-    results = answer(embedder, asked, stored, ranking, config) if asked else []
-    return {"similarity": ranking, "indexed": len(items), "results": results}
+        similarity = stored_similarity(stored, embedder, config, checkpoint.fingerprint(config["init_from"]), similarity)
+    results = answer(embedder, asked, stored, similarity, config) if asked else []
+    return {"similarity": similarity, "indexed": len(items), "results": results}
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 shape = "tiny"  # 'tiny' (the tiny checkpoint + the toy data) or 'qwen3.5-0.8b', 'qwen3.5-2b' (random weights)
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
 dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype; weights float32, as train.py
-fsdp = False  # shard with train.py's fully_shard_embedder in a one-rank process group: the 8-GPU code path
+fsdp = False  # shard with train_step.fully_shard_embedder in a one-rank process group: the 8-GPU code path
 batch_size = 0  # queries per step; 0 = 32 on a real shape (the paper's, per GPU), 8 on tiny
 num_hard_negatives = 5  # per query (paper)
 grad_cache_chunk = 8  # items per GradCache chunk
@@ -100,7 +100,7 @@ ROW_ITEMS = 2 + num_hard_negatives  # items a row: the query, its positive, its 
 # -----------------------------------------------------------------------------
 # the step as train.py takes it
 
-def step_code(embedder, loss_args, grad_cache, autocast):
+def step_inputs(embedder, loss_args, grad_cache, autocast):
     """What one measured step needs: the embedder, its trainable parameters, the loss arguments (the stage's
     similarity and temperature, the paper's focal settings) and the GradCache chunk (0: plain)."""
     return {"embedder": embedder, "trainable": train_step.trainable_parameters(embedder), "autocast": autocast,
@@ -108,31 +108,31 @@ def step_code(embedder, loss_args, grad_cache, autocast):
             "device": embedder.pixel_table.device}
 
 
-def train_step_once(code, optimizer, batch):
+def train_step_once(step, optimizer, batch):
     """One optimizer step as train.py's loop takes it: forward_backward, clip_gradients (grad_clip 1.0, as the
     paper's runs), AdamW, zero_grad."""
-    stats = train_step.forward_backward(code["embedder"], batch, code["loss_args"], code["grad_cache_chunk"],
-                                        code["autocast"])
-    grad_norm = train_step.clip_gradients(code["trainable"], 1.0)
+    stats = train_step.forward_backward(step["embedder"], batch, step["loss_args"], step["grad_cache_chunk"],
+                                        step["autocast"])
+    grad_norm = train_step.clip_gradients(step["trainable"], 1.0)
     if math.isfinite(stats["loss"]) and math.isfinite(grad_norm):  # train.py skips such an update too
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def floor_step(code, batch, one_graph):
+def floor_step(step, batch, one_graph):
     """The floor: the embedder's forward and backward of the same chunks through train_step.embed, the sum of the
     embeddings as the loss, gradients dropped after (as zero_grad does). one_graph: one backward over all chunks, as
     the plain step must (its loss couples them); else one per chunk, as GradCache's second pass (under FSDP2
     reducing gradients after the last chunk only, as there)."""
-    chunks, embedder = batch["query"] + batch["candidate"], code["embedder"]
+    chunks, embedder = batch["query"] + batch["candidate"], step["embedder"]
     if one_graph:
-        sum(train_step.embed(embedder, chunk, code["autocast"]).sum() for chunk in chunks).backward()
+        sum(train_step.embed(embedder, chunk, step["autocast"]).sum() for chunk in chunks).backward()
     else:
         for i, chunk in enumerate(chunks):
             if fsdp:
                 embedder.set_requires_gradient_sync(i == len(chunks) - 1)
-            train_step.embed(embedder, chunk, code["autocast"]).sum().backward()
-    for p in code["trainable"]:
+            train_step.embed(embedder, chunk, step["autocast"]).sum().backward()
+    for p in step["trainable"]:
         p.grad = None
 
 
@@ -231,22 +231,22 @@ def measure_steps(results, stages, batches):
     """Section 1: each stage's step, plain and with GradCache, against its floor."""
     print(f"1. training step / floor (the embedder's forward + backward of the same chunks); median of {iters} "
           f"rounds after {warmup}; goal <= 1.10 (GradCache: against its own floor)", flush=True)
-    for stage, (name, optimizer, code) in enumerate(stages):
+    for stage, (name, optimizer, steps) in enumerate(stages):
         for grad_cache in (False, True):
             label = name + (" + GradCache" if grad_cache else "")
-            attempt(results, "step", label, measure_step, label, code[grad_cache], optimizer, batches[grad_cache],
+            attempt(results, "step", label, measure_step, label, steps[grad_cache], optimizer, batches[grad_cache],
                     grad_cache, stage == 1)  # Stage II fine-tunes the whole language model
             optimizer.zero_grad(set_to_none=True)  # what a row that ran out of memory left
 
 
-def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetune):
+def measure_step(results, name, step, optimizer, batch, grad_cache, full_finetune):
     """Section 1, one row: a step (plain or GradCache) against its floor."""
-    device, (chunks, real, padding) = code["device"], batch_tokens(batch)
-    functions = {"step": lambda: train_step_once(code, optimizer, batch),
-                 "floor": lambda: floor_step(code, batch, one_graph=not grad_cache)}
+    device, (chunks, real, padding) = step["device"], batch_tokens(batch)
+    functions = {"step": lambda: train_step_once(step, optimizer, batch),
+                 "floor": lambda: floor_step(step, batch, one_graph=not grad_cache)}
     if grad_cache:  # GradCache's first pass, which its own floor adds: every chunk embedded without a graph
         functions["no_grad_forward"] = torch.no_grad()(
-            lambda: [train_step.embed(code["embedder"], chunk, code["autocast"]) for chunk in chunks])
+            lambda: [train_step.embed(step["embedder"], chunk, step["autocast"]) for chunk in chunks])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     long_step = grad_cache and device.type == "cuda" and grad_cache_batch > batch_size  # fewer rounds
@@ -265,7 +265,7 @@ def measure_step(results, name, code, optimizer, batch, grad_cache, full_finetun
     if device.type == "cuda":
         peak = peak_flops(device)
         row.update(peak_memory_gb=torch.cuda.max_memory_allocated() / 2**30,
-                   mfu=step_flops(code["embedder"], chunks, full_finetune) / seconds["step"] / peak if peak else None)
+                   mfu=step_flops(step["embedder"], chunks, full_finetune) / seconds["step"] / peak if peak else None)
         line += f" | MFU {format(row['mfu'], '.1%') if peak else '-'} | peak {row['peak_memory_gb']:.1f} GB"
     results.add("step", row, line, key)
 
@@ -298,14 +298,14 @@ def measure_cuts(results, stages, items, preprocessor):
           f"cut (batching.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
     batches = {cut: synthetic.collate(preprocessor, items, micro_batch, synthetic.CUTS[cut])
                for cut in ("sorted, equal chunks", "least padding")}
-    for name, optimizer, code in stages:
-        attempt(results, "cut", name, measure_cut, name, code[False], optimizer, batches)
+    for name, optimizer, steps in stages:
+        attempt(results, "cut", name, measure_cut, name, steps[False], optimizer, batches)
 
 
-def measure_cut(results, name, code, optimizer, batches):
+def measure_cut(results, name, step, optimizer, batches):
     """Section 3, one row: over at most 3 rounds after 1 (its steps are long)."""
-    times, seconds = side_by_side({cut: functools.partial(train_step_once, code, optimizer, batch)
-                                   for cut, batch in batches.items()}, code["device"], min(iters, 3), min(warmup, 1))
+    times, seconds = side_by_side({cut: functools.partial(train_step_once, step, optimizer, batch)
+                                   for cut, batch in batches.items()}, step["device"], min(iters, 3), min(warmup, 1))
     row = {"name": name, "ratio": paired_ratio(times["least padding"], times["sorted, equal chunks"])}
     for cut, batch in batches.items():
         chunks, _, padding = batch_tokens(batch)
@@ -319,8 +319,8 @@ def measure_lora(results, adapted, merged, batch):
     """Section 4: the floor of section 1 on the same chunks, adapted model over merged (frozen) model; both
     backpropagate down to the input embeddings."""
     print("4. LoRA: adapted / merged, forward + backward of the same chunks", flush=True)
-    hooks = [code["embedder"].model.language_model.embed_tokens.register_forward_hook(
-        lambda module, inputs, output: output.requires_grad_()) for code in (adapted, merged)]
+    hooks = [step["embedder"].model.language_model.embed_tokens.register_forward_hook(
+        lambda module, inputs, output: output.requires_grad_()) for step in (adapted, merged)]
     try:
         times, seconds = side_by_side({"adapted": lambda: floor_step(adapted, batch, one_graph=True),
                                        "merged": lambda: floor_step(merged, batch, one_graph=True)}, adapted["device"])
@@ -419,12 +419,12 @@ def shard(models, ptdtype, results):
 
 
 def train_stages(models, autocast):
-    """Each stage's name, AdamW (train_step.adamw, as train.py builds it) and its step code, plain and with
-    GradCache. -> [(name, optimizer, {grad_cache: code})]"""
+    """Each stage's name, AdamW (train_step.adamw, as train.py builds it) and its step_inputs, plain and with
+    GradCache. -> [(name, optimizer, {grad_cache: step_inputs})]"""
     stages = []
     for (name, loss_args, learning_rate), model in zip(STAGES, models):
         optimizer = train_step.adamw(model, learning_rate, (0.9, 0.999), 0.0, sharded=fsdp)
-        stages.append((name, optimizer, {grad_cache: step_code(model, loss_args, grad_cache, autocast)
+        stages.append((name, optimizer, {grad_cache: step_inputs(model, loss_args, grad_cache, autocast)
                                          for grad_cache in (False, True)}))
     return stages
 
@@ -478,7 +478,7 @@ def main():
         measure_cuts(results, stages, rows, mix_preprocessor)
     merged = models[1].requires_grad_(False)  # from here on Stage II's model is frozen
     if "lora" in wanted:
-        frozen = step_code(merged, STAGES[1][1], False, autocast)
+        frozen = step_inputs(merged, STAGES[1][1], False, autocast)
         attempt(results, "lora", "lora", measure_lora, stages[0][2][False], frozen, batches[False])
     if "data" in wanted:
         measure_data(results, mix_preprocessor, os.path.join(temporary.name, "jpegs"))

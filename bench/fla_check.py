@@ -33,11 +33,6 @@ def reference(name="torch_chunk_gated_delta_rule"):
     return function
 
 
-def recurrent_reference():
-    """transformers' token-by-token PyTorch gated delta rule: a second, independent reference (the CPU check)."""
-    return reference("torch_recurrent_gated_delta_rule")
-
-
 def inputs(device, tokens, seed=0):
     """(q, k, v, g, beta) and the output gradient, seeded, as the layer makes them."""
     generator = torch.Generator(device).manual_seed(seed)

@@ -57,7 +57,7 @@ WORKERS=$([ "${SHM_MB:-0}" -ge 4096 ] 2>/dev/null && echo 8 || echo 0)
 echo "/dev/shm: ${SHM_MB:-?} MB free -> --num_workers=$WORKERS" | tee -a "$OUT/environment.txt"
 
 run() {  # name, time limit in seconds, bench.py flags
-  timeout "$2" "$PY" bench/bench.py --out="$OUT/$1.json" --num_workers="$WORKERS" "${@:3}" 2>&1 \
+  timeout "$2" "$PY" -m bench.bench --out="$OUT/$1.json" --num_workers="$WORKERS" "${@:3}" 2>&1 \
     | grep --line-buffered -v -e "Warning" -e "warnings.warn" | tee "$OUT/$1.txt"
   echo "exit status ${PIPESTATUS[0]} (124: cut at $2 s)" | tee -a "$OUT/$1.txt"
 }

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
-from mmeb import IMAGE_MARKER, PAPER_INSTRUCTIONS
+from mmeb import IMAGE_CANDIDATE, IMAGE_MARKER, PAPER_INSTRUCTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -61,7 +61,6 @@ QUESTION = PAPER_INSTRUCTIONS["VQA"]  # Table 5: VQA and classification
 TEXT_TO_IMAGE = PAPER_INSTRUCTIONS["text->image"]
 IMAGE_TO_TEXT = PAPER_INSTRUCTIONS["image->text"]
 GROUNDING = "Select the portion of the image that isolates the object of the given label:"  # MMEB's
-IMAGE_CANDIDATE = IMAGE_MARKER + "\nRepresent the given image."  # MMEB's text for an image candidate
 CROP_CANDIDATE = IMAGE_MARKER + "\nRepresent the given cropped image of the object."
 TASKS = ("CLS", "VQA", "T2I", "I2T", "GRD")
 

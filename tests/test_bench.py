@@ -100,7 +100,8 @@ def test_startup_reads_a_download_in_the_mmE5_layout_and_extrapolates(tmp_path):
 
 def test_fla_check_passes_a_second_reference_and_fails_a_wrong_one():
     # On a CPU, transformers' token-by-token reference stands in for fla's kernel; one with v's sign flipped is wrong
-    recurrent, threads = fla_check.recurrent_reference(), torch.get_num_threads()
+    # transformers' token-by-token PyTorch gated delta rule: a second, independent reference
+    recurrent, threads = fla_check.reference("torch_recurrent_gated_delta_rule"), torch.get_num_threads()
     torch.set_num_threads(1)  # many small ops: more threads only wait on each other
     try:
         assert max(fla_check.check(recurrent, "cpu", tokens=70).values()) <= fla_check.TOLERANCE
