@@ -44,27 +44,12 @@ def complete(out_dir):
     return sorted(p for p in paths if os.path.isfile(os.path.join(p, INFO)))
 
 
-def earlier_run(out_dir):
-    """What an earlier run left in out_dir that a fresh run must not mix with: its step folders and export/."""
-    export = os.path.join(out_dir, "export")
-    return complete(out_dir) + ([export] if os.path.isdir(export) else [])
-
-
 def remove(path):
     """Delete a file or a folder, if it is there."""
     if os.path.isdir(path):
         shutil.rmtree(path)
     elif os.path.exists(path):
         os.remove(path)
-
-
-def remove_unfinished(out_dir):
-    """Delete what a run that stopped while writing left in out_dir (step_NNNNNN.tmp, export.tmp, *.tmp files):
-    a full disk stays full otherwise. -> the paths removed."""
-    stale = glob.glob(os.path.join(glob.escape(out_dir), "*.tmp"))
-    for path in stale:
-        remove(path)
-    return stale
 
 
 def read_info(path):
@@ -145,42 +130,12 @@ def verify(path):
     return info
 
 
-def newest_intact(out_dir):
-    """The newest complete step folder of out_dir that verifies; broken ones are named and passed over. -> path
-    or None."""
-    for path in reversed(complete(out_dir)):
-        try:
-            verify(path)
-            return path
-        except (OSError, ValueError) as error:
-            print(f"{error}; trying the checkpoint before it", flush=True)
-    return None
-
-
 def finish(tmp, path, info):
     """Complete a step folder written under tmp: pace.json last, then the rename that makes it a checkpoint."""
     with open(os.path.join(tmp, INFO), "w") as f:
         json.dump(info, f, indent=2)
     remove(path)
     os.replace(tmp, path)
-
-
-def prune(out_dir, keep_last, keep_steps):
-    """Delete all but the newest keep_last complete step folders, except the steps of keep_steps."""
-    folders = complete(out_dir)
-    for path in folders[:-keep_last] if keep_last > 0 else folders:
-        if read_info(path)["step"] not in keep_steps:
-            remove(path)
-
-
-def set_aside(out_dir, from_step):
-    """Rename the step folders from from_step on to step_NNNNNN.suspect (a stopped run's weights that went wrong):
-    kept for a look, but no longer what --resume takes. -> the folders moved."""
-    moved = [path for path in complete(out_dir) if read_info(path)["step"] >= from_step]
-    for path in moved:
-        remove(path + ".suspect")  # a rerun that went wrong at the same step: its copy of the same weights
-        os.replace(path, path + ".suspect")
-    return moved
 
 
 def load_rng(path):
@@ -203,7 +158,9 @@ def save_hf_folder(state_dict, backbone, out_dir, info, card="", image_size=None
     """Write a consolidated Embedder state_dict (keys "model.visual...", "model.language_model..."; LoRA already
     merged) as a Hugging Face folder in the release layout, so Embedder.from_pretrained and plain transformers
     (Qwen3_5ForConditionalGeneration) both load it, with pace.json and the model card `card` (README.md).
-    Atomic: written aside, then renamed. image_size: the image processor's size to record (its pixel budget)."""
+    Atomic: written aside, then renamed. image_size: the image processor's size to record (its pixel budget).
+    config.json says the dtype the weights are stored in (training's float32 master weights), not the release's
+    (bfloat16): plain transformers loads a folder in its config's dtype, and would compute in bf16 otherwise."""
     from safetensors.torch import save_file
     if any("lora_" in key for key in state_dict):
         raise UserError("merge the LoRA adapters (lora.merge_lora) before saving a Hugging Face folder")
@@ -220,6 +177,17 @@ def save_hf_folder(state_dict, backbone, out_dir, info, card="", image_size=None
         with open(path, "w") as f:
             json.dump(dict(processor, size=dict(image_size)), f, indent=2)
     tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
+    stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
+    if len(stored) == 1 and os.path.isfile(os.path.join(tmp_dir, "config.json")):
+        path = os.path.join(tmp_dir, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        for part in [config] + [config[k] for k in ("text_config", "vision_config") if isinstance(config.get(k), dict)]:
+            for key in ("dtype", "torch_dtype"):
+                if key in part or (part is config and key == "dtype"):
+                    part[key] = next(iter(stored))
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
     save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp_dir, INFO), "w") as f:
         json.dump(info, f, indent=2)

@@ -79,6 +79,24 @@ def stuck_ranks():
             "rank 0's message names the rank that does not answer"
 
 
+def on_rank_zero(function):
+    """function() on rank 0 of the process group (or the one process); its result, or the UserError it raised, on
+    every rank alike, so that all ranks go on or stop together."""
+    import torch.distributed as dist
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    result = [None, None]
+    if not distributed or dist.get_rank() == 0:
+        try:
+            result[0] = function()
+        except UserError as error:
+            result[1] = str(error)
+    if distributed:
+        dist.broadcast_object_list(result, src=0)
+    if result[1]:
+        raise UserError(result[1])
+    return result[0]
+
+
 def worker_count(wanted):
     """DataLoader workers: `wanted`, but never more than this process's share of the cores (os.sched_getaffinity,
     divided among torchrun's local ranks), since more only wait on each other and torch warns about them."""
@@ -139,6 +157,8 @@ def install_error_hook():
 def one_line_message(error):
     """The message of a UserError (or of a collective's timeout, which names the rank that does not answer), else
     None: that error keeps its traceback."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted by Ctrl-C: what was written before is intact (train.py: continue with --resume=True)"
     if isinstance(error, RuntimeError) and MONITOR is not None and "Timed out waiting" in str(error):
         return (f"rank {os.environ.get('RANK')}: a collective waited longer than timeout_minutes for another rank; "
                 f"{stuck_ranks()}")

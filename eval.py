@@ -32,14 +32,18 @@ Geometry (geometry=True, diagnostics.py): the Pearson r between the standardised
 over matched pairs, the cosine of random query-candidate pairs, norm statistics, the PCA of the l2-normalised
 embeddings, drawn beside `out` (<stem>_geometry.png); geometry_train_data measures them on training rows too.
 """
+import hashlib
+import json
 import math
 import os
 import random
 import sys
 import time
+import zlib
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 
 import checkpoint
 import common
@@ -70,6 +74,7 @@ max_length = 8192  # tokens per item; text is truncated, never image placeholder
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # let rows name images outside image_dir
 out = "out/eval.json"  # results as JSON; the pictures go beside it (<stem>_geometry.png, <stem>_sheet_*.png)
+overwrite = False  # recompute every dataset, also those an earlier run finished (kept in <stem>_datasets/) with the same key
 geometry = True  # compute the geometry diagnostics and draw them
 geometry_samples = 5000  # queries (and as many candidates) sampled for the PCA and the random pairs
 geometry_train_data = []  # training data (train.py's train_data entries) to measure the geometry on, as the paper does
@@ -224,27 +229,83 @@ def read_dataset(name, config, check=False):
                                   config["skip_bad_rows"], config["instructions"], config["allow_any_image_path"], check)
 
 
-def evaluate_all(embedder, names, config, similarity, rank, world_size, log):
-    """Every dataset of `names` -> (per-dataset results, the geometry samples of each dataset)."""
-    generator, stem = torch.Generator().manual_seed(config["seed"]), os.path.splitext(config["out"])[0]
+SCORE_KEYS = ("instructions", "max_pixels", "max_length", "dtype", "image_dir", "skip_bad_rows", "allow_any_image_path",
+              "geometry", "seed", "sheet_queries", "sheet_top_k")  # what changes a dataset's result (with the rest of its key)
+
+
+def dataset_key(name, config, similarity, fingerprint, geometry_size):
+    """What a dataset's result depends on, as a short hash: the checkpoint (its fingerprint), the similarity, the
+    settings of SCORE_KEYS, and the dataset's files (path, size, modification time)."""
+    files = [(path, os.path.getsize(path), os.stat(path).st_mtime_ns)
+             for path in mmeb.eval_files(os.path.join(config["mmeb_dir"], name))]
+    key = {"checkpoint": fingerprint, "dataset": name, "files": files, "similarity": similarity,
+           "geometry_size": geometry_size, **{k: config[k] for k in SCORE_KEYS}}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def kept_results(folder, keys, overwrite):
+    """{name: result} of the datasets an earlier run finished under the same key (folder/<name>.json), unless
+    overwrite. Rank 0 reads them; every rank gets the same answer."""
+    kept = {}
+    for name, key in keys.items():
+        path = os.path.join(folder, f"{name}.json")
+        if not overwrite and os.path.isfile(path):
+            with open(path) as f:
+                stored = json.load(f)
+            if stored.get("key") == key:
+                kept[name] = stored["result"]
+    return kept
+
+
+def keep_result(folder, name, key, result, sample):
+    """Write one finished dataset's result (and its geometry sample) beside the output, atomically: the JSON last,
+    so a kill loses at most the dataset in progress."""
+    if sample is not None:
+        with common.replaced_atomically(os.path.join(folder, f"{name}.geometry.safetensors")) as tmp:
+            save_file({k: v.contiguous() for k, v in sample.items()}, tmp)
+    common.write_json(os.path.join(folder, f"{name}.json"), {"key": key, "result": result})
+
+
+def evaluate_all(embedder, names, config, similarity, rank, world_size, log, fingerprint):
+    """Every dataset of `names` -> (per-dataset results, the geometry samples of each dataset). A dataset an
+    earlier run with the same checkpoint and settings finished is read back, not encoded again."""
+    stem = os.path.splitext(config["out"])[0]
+    folder = stem + "_datasets"
     geometry_size = math.ceil(config["geometry_samples"] / len(names)) if config["geometry"] else 0  # spread evenly
+    keys = {name: dataset_key(name, config, similarity, fingerprint, geometry_size) for name in names}
+    kept = [kept_results(folder, keys, config["overwrite"]) if rank == 0 else None]
+    if world_size > 1:
+        dist.broadcast_object_list(kept, src=0)  # every rank skips the same datasets
+    kept = kept[0]
     workers = common.worker_count(config["num_workers"])
     per_dataset, samples = {}, []
     for name in names:
+        if name in kept:
+            per_dataset[name] = kept[name]
+            if config["geometry"] and rank == 0:
+                samples.append(load_file(os.path.join(folder, f"{name}.geometry.safetensors")))
+            log(f"{name}: P@1 {kept[name]['precision_at_1']:.1f}, kept from an earlier run with the same checkpoint "
+                f"and settings ({os.path.join(folder, name + '.json')}; --overwrite=True recomputes it)")
+            continue
+        generator = torch.Generator().manual_seed(config["seed"] * 1_000_003 + zlib.crc32(name.encode()))
         rows, report = read_dataset(name, config)
         result, embeddings, query_index, cand_index, scores = evaluate_dataset(
             embedder, rows, similarity, config["batch_size"], workers, rank, world_size, label=name)
         meta_task, split = mmeb.dataset_group(name)
         per_dataset[name] = dict(result, meta_task=meta_task, split=split, layout=report.layout,
                                  instructions=dict(report.instructions.counts), bad_rows=dict(report.bad))
+        sample = None
         if config["geometry"]:
             candidates = embeddings[cand_index[cand_index >= 0].unique()]  # (M, D), distinct candidates
-            samples.append(diagnostics.pairs(embeddings[query_index], embeddings[cand_index[:, 0]],
-                                                      candidates, geometry_size, generator))
+            sample = diagnostics.pairs(embeddings[query_index], embeddings[cand_index[:, 0]], candidates, geometry_size,
+                                       generator)
+            samples.append(sample)
         if config["sheet_queries"] and rank == 0:
             per_dataset[name]["sheet_png"] = retrieval_sheet(name, rows, scores, f"{stem}_sheet_{name}.png",
                                                              config["sheet_queries"], config["sheet_top_k"], config["seed"])
             log(f"drew {per_dataset[name]['sheet_png']}")
+        if rank == 0:
+            keep_result(folder, name, keys[name], per_dataset[name], sample)
         low, high = result["candidates"]
         log(f"{name}: P@1 {result['precision_at_1']:.1f} (argmax {result['precision_at_1_argmax']:.1f}) over "
             f"{result['num_queries']} queries ({result['ties']} tied with the gold), {result['distinct_items']} "
@@ -364,7 +425,8 @@ def main(argv=None):
     if not (config["similarity"] or info.get("similarity")):
         log(f"{config['init_from']} does not say what it was trained with (no pace.json similarity): ranking by cosine")
     names = mmeb_names + other_names
-    per_dataset, samples = evaluate_all(embedder, names, config, similarity, rank, world_size, log)
+    per_dataset, samples = evaluate_all(embedder, names, config, similarity, rank, world_size, log,
+                                        checkpoint.fingerprint(config["init_from"]))
     generator = torch.Generator().manual_seed(config["seed"] + 1)
     train = [train_geometry(embedder, config, rank, world_size, generator)] \
         if config["geometry"] and config["geometry_train_data"] else []

@@ -449,7 +449,8 @@ def started_from(log_path, earlier_log_path):
     if not os.path.isfile(config_path):
         return None
     with open(config_path) as f:
-        init_from = os.path.normpath(json.load(f).get("init_from", ""))
+        written = json.load(f)
+    init_from = os.path.normpath(written.get("config", written).get("init_from", ""))  # {"config", "history"} or flat
     earlier = os.path.basename(os.path.dirname(os.path.abspath(earlier_log_path)))
     name, parent = os.path.basename(init_from), os.path.basename(os.path.dirname(init_from))
     return int(name[len("step_"):]) if name.startswith("step_") and name[5:].isdigit() and parent == earlier else None

@@ -19,6 +19,8 @@ Checkpoints (checkpoint.py) hold model, optimizer, data position, RNG, step and 
 --resume=True continues the newest intact one exactly. At the end out_dir/export/ gets the merged model as a
 Hugging Face folder with a model card, and out_dir/curves.png the training curves.
 """
+import atexit
+import functools
 import json
 import math
 import os
@@ -38,6 +40,7 @@ import data
 import lora
 import loss
 import plot
+import runs
 import train_step
 from checkpoint import load_embedder
 from common import UserError
@@ -49,6 +52,7 @@ common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a ba
 out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json, curves.png and export/ go here
 init_from = "models/Qwen3.5-0.8B-Base"  # a Hugging Face Qwen3.5 folder, or a step folder of an earlier run (Stage II)
 resume = False  # continue from the newest intact checkpoint in out_dir
+allow_config_change = False  # with resume: let a resume change what defines the run (runs.DEFINING), recorded in config.json
 overwrite = False  # a fresh run where an earlier run's checkpoints are: delete them (else the run refuses to start)
 export_only = False  # with resume: write out_dir/export/ from the newest checkpoint and stop
 train_data = ["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic"]  # files, subset folders or download roots, or {"path", "image_dir", "max_rows"} dicts (data.py)
@@ -83,6 +87,8 @@ grad_cache_chunk = 0  # GradCache (Appendix C.1): items per chunk, 0 = off
 micro_batch = 32  # without GradCache: at most this many items a forward call (data.split_by_length)
 num_workers = 8  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
 checkpoint_interval = 500  # save a checkpoint every this many steps (and at the last step)
+checkpoint_minutes = 30.0  # also save when this much wall time has passed since the last save (0: off)
+stop_signals = ["SIGTERM", "SIGUSR1", "SIGINT"]  # on one: finish the step, save, exit 75 (resume me); SLURM sends one
 keep_checkpoints = [2000, 4000, 7847]  # never pruned: Stage II starts from 2,000; Figure 6(a) from 4,000 and 7,847
 keep_last = 2  # newest checkpoints kept besides keep_checkpoints
 max_bad_steps = 10  # stop after this many bad steps in a row (non-finite, or the embeddings collapsed)
@@ -141,32 +147,31 @@ def barrier():
         dist.barrier()
 
 
-# out_dir: never mix two runs, and clear what a crash left
+# out_dir: one run at a time (runs.py's lock), never two runs mixed, and clear what a crash left
+lock = common.on_rank_zero(lambda: runs.take_lock(out_dir))
+atexit.register(runs.release_lock, lock)
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
-earlier, fresh = checkpoint.earlier_run(out_dir), not (resume or export_only)
-if earlier and fresh and not overwrite:
-    raise UserError(f"{out_dir} holds an earlier run ({', '.join(map(os.path.basename, earlier))}): continue it "
-                          "with --resume=True, write elsewhere with --out_dir=..., or start over with --overwrite=True "
-                          "(deletes them)")
+earlier = runs.refuse_mixing(out_dir, fresh=not (resume or export_only), overwrite=overwrite)  # every rank alike
 if master:
-    os.makedirs(out_dir, exist_ok=True)
-    for path in checkpoint.remove_unfinished(out_dir):
-        print(f"removed {path}, left unfinished by a run that stopped while writing it")
-    if earlier and fresh:  # overwrite=True
-        for path in earlier + [log_path]:
-            checkpoint.remove(path)
-        print(f"overwrite=True: deleted the earlier run's {', '.join(map(os.path.basename, earlier))}")
+    runs.clear(out_dir, earlier + [log_path] if earlier else [])  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
-    common.write_json(os.path.join(out_dir, "config.json"), config)
 barrier()
-resume_from = [checkpoint.newest_intact(out_dir) if master and (resume or export_only) else None]
-if distributed:
-    dist.broadcast_object_list(resume_from, src=0)  # every rank resumes from what rank 0 verified
-resume_from = resume_from[0]
+resume_from = common.on_rank_zero(lambda: runs.newest_intact(out_dir) if resume or export_only else None)
+resumed = checkpoint.read_info(resume_from) if resume_from else {}  # every rank resumes from what rank 0 verified
 if (resume or export_only) and resume_from is None:
     if export_only:
         raise UserError(f"no intact checkpoint in {out_dir}: nothing to export")
     print(f"no intact checkpoint in {out_dir}: starting fresh")
+if resume and not export_only and runs.finished(resumed, max_iters, checkpoint.read_info(export_dir)):
+    print(f"{out_dir} finished at step {max_iters} and is exported: nothing to do (export/, its model card and "
+          "curves.png are kept; raise --max_iters to train on)")
+    barrier()
+    sys.exit(0)
+changed = runs.resume_changes(resumed.get("config", {}), config, allow_config_change) if resume_from else {}
+if changed:
+    print(f"resuming {resume_from} with changed settings: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+if master:
+    runs.write_config(os.path.join(out_dir, "config.json"), config, resumed.get("step", 0), changed)
 
 # -----------------------------------------------------------------------------
 # model: a Hugging Face backbone, or a Stage I step folder whose LoRA is merged first (Stage II)
@@ -230,7 +235,8 @@ sampler = batching.ShardedBatchSampler(len(dataset), batch_size, rank, world_siz
 # makes the same number of forward calls, each FSDP2 forward being a collective.
 collate = batching.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
 workers = common.worker_count(num_workers)
-loader_args = dict(batch_sampler=sampler, num_workers=workers, collate_fn=collate, pin_memory=run_device.type == "cuda")
+loader_args = dict(batch_sampler=sampler, num_workers=workers, collate_fn=collate, pin_memory=run_device.type == "cuda",
+                   worker_init_fn=functools.partial(runs.ignore_signals, stop_signals))  # the main process handles them
 print(f"{len(dataset):,} training rows, {sampler.batches_per_epoch:,} steps an epoch at batch {batch_size}"
       + (f"; {workers} DataLoader workers (num_workers={num_workers}, more than this rank's cores)"
          if workers < num_workers else ""))
@@ -262,7 +268,7 @@ def save_checkpoint(step):
                                       "similarity": similarity, "sampler": sampler.state_dict(), "world_size": world_size,
                                       "bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total, "config": config,
                                       "files": files})
-        checkpoint.prune(out_dir, keep_last, keep_checkpoints)
+        runs.prune(out_dir, keep_last, keep_checkpoints)
     barrier()
     print(f"saved {path}")
 
@@ -349,10 +355,12 @@ def log_step(step, stats, lr, grad_norm):
     window.update(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=now, step=step)
 
 
-bad_in_row, first_bad = 0, 0
+bad_in_row, first_bad, stopping, last_save = 0, 0, False, time.time()
+stop = runs.StopSignals(stop_signals)  # a signal only sets stop.received: the step in progress finishes
 embedder.train()
 # its own generator: making the iterator would otherwise draw from the global RNG, after a resume restored it
 loader = iter(torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(seed + rank), **loader_args))
+runs.kill_workers_at_exit()  # its workers ignore the stop signals, so at exit they are killed, on every path
 while step < max_iters:
     step += 1  # the number of this step, from 1, as every line and record shows it
     batch = next(loader)
@@ -377,30 +385,40 @@ while step < max_iters:
     window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)
     window["flops"] += step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
     window["skipped"] += batch["skipped"]
-    # this rank's undecodable rows and whether it has been 30 s since the last line, summed over the ranks, so
-    # every rank logs (a collective, for the skipped count) at the same steps
-    counts = torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30)], device=run_device)
+    # this rank's undecodable rows, whether it has been 30 s since the last line, whether a stop signal came and
+    # whether checkpoint_minutes have passed since the last save, summed over the ranks: every rank then logs,
+    # saves and stops at the same steps (each a collective)
+    counts = torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30), float(bool(stop.received)),
+                           float(0 < checkpoint_minutes * 60 < time.time() - last_save)], device=run_device)
     if distributed:
         dist.all_reduce(counts)
     window["skipped_count"] += int(counts[0])
     skipped_rows_total += int(counts[0])  # every step, so a checkpoint at any step saves it
-    if step % log_interval == 0 or step in (1, max_iters) or counts[1] > 0:
+    stopping = bool(counts[2] > 0)
+    if step % log_interval == 0 or step in (1, max_iters) or counts[1] > 0 or stopping:
         log_step(step, stats, lr, grad_norm)
     if bad_in_row >= max_bad_steps:
         break
-    if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints:
+    if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints or stopping or counts[3] > 0:
         finite = not problem and train_step.parameters_finite(trainable)  # a checkpoint only of weights that are numbers
         if finite:
             save_checkpoint(step)
+            last_save = time.time()
         else:
             print(f"step {step}: no checkpoint written: " + (problem if problem else "the parameters are not all finite"))
+    if stopping:
+        break
 
 stopped = bad_in_row >= max_bad_steps
-if stopped:
+if stopping and not stopped:
+    good = checkpoint.complete(out_dir)
+    print(f"stopped at step {step} on {stop.received or 'a signal to another rank'}; the newest checkpoint is "
+          f"{good[-1] if good else 'none'}: continue with --resume=True (exit code {runs.EXIT_RESUME})", flush=True)
+elif stopped:
     # step first_bad's forward ran on the weights saved as step first_bad - 1: that checkpoint, and any after it,
     # hold weights that went wrong. They move aside (nothing is deleted), so --resume=True takes the one before.
     if master:
-        for path in checkpoint.set_aside(out_dir, first_bad - 1):
+        for path in runs.set_aside(out_dir, first_bad - 1):
             print(f"moved {path} aside to {path}.suspect: its weights led to step {first_bad}")
     good = checkpoint.complete(out_dir)
     print(f"stopping: {bad_in_row} bad steps in a row from step {first_bad}; the last good checkpoint is "
@@ -413,4 +431,4 @@ else:
 barrier()
 if distributed:
     dist.destroy_process_group()
-sys.exit(1 if stopped else 0)
+sys.exit(1 if stopped else runs.EXIT_RESUME if stopping else 0)

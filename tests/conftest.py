@@ -1,8 +1,13 @@
-"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per pytest run (shapes/tiny_model.py)."""
+"""Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per pytest run (shapes/tiny_model.py), the toy
+benchmark the training tests run on, and its straight 4-step run, which resumed and interrupted runs must equal."""
+import json
+import os
+
 import pytest
 
 from model import Embedder
 from shapes.tiny_model import make_tiny_checkpoint
+from tests.toyrun import run_train
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +20,30 @@ def tiny_checkpoint(tmp_path_factory):
 def tiny_embedder(tiny_checkpoint):
     """The tiny checkpoint loaded as an Embedder (float32, eval mode). Tests must not modify it."""
     return Embedder.from_pretrained(tiny_checkpoint).eval()
+
+
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory, tiny_checkpoint):
+    """The toy benchmark with the query images of the first two global batches' rows 0 and 3 broken (a truncated
+    PNG, an empty file): with skip_bad_rows the runs below pass over them, the same way on every run."""
+    from batching import ShardedBatchSampler
+    from shapes.prepare import prepare
+    out = str(tmp_path_factory.mktemp("shapes"))
+    paths = prepare(out, seed=0, num_train=120, num_eval=12)
+    rows = [json.loads(line) for line in open(paths["train"])]
+    first = next(iter(ShardedBatchSampler(len(rows), 8, seed=1337)))  # train.py's seed, --batch_size=8
+    broken = [os.path.join(paths["images"], rows[first[k]]["qry_image_path"]) for k in (0, 3)
+              if rows[first[k]]["qry_image_path"]]
+    with open(broken[0], "rb") as f:
+        whole = f.read()
+    with open(broken[0], "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    if len(broken) > 1:
+        open(broken[1], "wb").close()
+    return {"checkpoint": tiny_checkpoint, **paths, "root": out, "broken": broken}
+
+
+@pytest.fixture(scope="session")
+def straight(toy, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("straight"))
+    return out, run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2")

@@ -263,3 +263,23 @@ def test_progress_says_done_rate_and_time_left(capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     assert lines == ['encoding: 25/100 items, 0.6/s, 0:40 elapsed, ~2:00 left', 'encoding: 100/100 items, 1.2/s, 1:20 elapsed']
     assert duration(3725) == '1:02:05' and duration(65) == '1:05'
+
+
+def test_atomic_writes_use_a_temporary_name_of_their_own_and_say_when_they_replace_a_newer_file(tmp_path, capsys):
+    from common import replaced_atomically, write_text
+    path = str(tmp_path / 'out.json')
+    with replaced_atomically(path) as first, replaced_atomically(path) as second:  # two writers of one output
+        assert first != second and os.path.dirname(first) == str(tmp_path)
+        open(first, 'w').write('first')
+        open(second, 'w').write('second')
+    assert open(path).read() == 'first' and sorted(os.listdir(tmp_path)) == ['out.json']  # whole, no temporary left
+    started = os.path.getmtime(path) - 10  # a writer that started before the file above was written
+    write_text(path, 'later', since=started)
+    assert f"note: replaced {path}, which another writer wrote after this one started" in capsys.readouterr().out
+    write_text(path, 'again', since=os.path.getmtime(path) + 10)
+    assert capsys.readouterr().out == '' and open(path).read() == 'again'
+    with pytest.raises(ZeroDivisionError):
+        with replaced_atomically(path) as tmp:
+            open(tmp, 'w').write('half')
+            1 / 0
+    assert open(path).read() == 'again' and sorted(os.listdir(tmp_path)) == ['out.json']  # a failed write leaves no trace

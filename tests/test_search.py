@@ -224,7 +224,7 @@ def test_each_mistake_is_an_error_naming_what_is_wrong(toy, indexed, tmp_path):
         (toy["export"], not_finite, ["--query_text=a red circle"], UserError, "1 vectors are not finite, e.g. item 'b'"),
         (toy["export"], changed, ["--query_text=a red circle"], UserError,
          f"{changed}: its vectors have changed since they were written (SHA-256)"),
-        (toy["export"], vectors, [f"--queries={empty_queries}"], UserError, f"holds no query (every line is empty)"),
+        (toy["export"], vectors, [f"--queries={empty_queries}"], UserError, "holds no query (every line is empty)"),
         (toy["export"], vectors, ["--query_text=a", "--top_k=0"], UserError, "top_k must be at least 1, got 0"),
         (toy["export"], not_safetensors, ["--query_text=a red circle"], ValueError,
          f"{not_safetensors} is not a safetensors file"),

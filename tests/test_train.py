@@ -7,96 +7,14 @@ import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
-
-from common import UserError
 import torch
 from PIL import Image
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory, tiny_checkpoint):
-    """The toy benchmark with the query images of the first two global batches' rows 0 and 3 broken (a truncated
-    PNG, an empty file): with skip_bad_rows the runs below pass over them, the same way on every run."""
-    from batching import ShardedBatchSampler
-    from shapes.prepare import prepare
-    out = str(tmp_path_factory.mktemp("shapes"))
-    paths = prepare(out, seed=0, num_train=120, num_eval=12)
-    rows = [json.loads(line) for line in open(paths["train"])]
-    first = next(iter(ShardedBatchSampler(len(rows), 8, seed=1337)))  # train.py's seed, --batch_size=8
-    broken = [os.path.join(paths["images"], rows[first[k]]["qry_image_path"]) for k in (0, 3)
-              if rows[first[k]]["qry_image_path"]]
-    with open(broken[0], "rb") as f:
-        whole = f.read()
-    with open(broken[0], "wb") as f:
-        f.write(whole[:len(whole) // 2])
-    if len(broken) > 1:
-        open(broken[1], "wb").close()
-    return {"checkpoint": tiny_checkpoint, **paths, "root": out, "broken": broken}
-
-
-def launch(toy, out_dir, *args, nproc=1, popen=False):
-    """Run train.py on the toy config in a subprocess. -> (return code, its stdout and stderr), or with popen the
-    running process, its output merged into one pipe."""
-    common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={os.path.relpath(toy['checkpoint'], ROOT)}",
-              f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out_dir}",
-              "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096",
-              "--micro_batch=5", "--skip_bad_rows=True"]  # several forward calls per side, a different count on 1 and 2 ranks
-    if nproc == 1:
-        command = [sys.executable, os.path.join(ROOT, "train.py")]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                   f"--master_port={free_port()}", os.path.join(ROOT, "train.py")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    if popen:
-        return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
-    result = subprocess.run(command + common + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    return result.returncode, result.stdout + result.stderr
-
-
-def run_train(toy, out_dir, *args, nproc=1, expect_returncode=0):
-    """launch(), asserting its return code; -> the log.jsonl records, or on an expected failure the output."""
-    returncode, output = launch(toy, out_dir, *args, nproc=nproc)
-    assert returncode == expect_returncode, output[-6000:]
-    return output if expect_returncode else read_log(out_dir)
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def assert_same_run(reference, other):
-    """Same losses step by step, and the same gradient norm at step 1 (the gradient before any update); later
-    norms get a looser bound: Adam's first steps amplify float-rounding differences."""
-    assert [r["step"] for r in other] == [r["step"] for r in reference]
-    for a, b in zip(reference, other):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5 if a["step"] == 1 else 1e-3)
-
-
-def losses(records):
-    return {r["step"]: r["loss"] for r in records}
-
-
-@pytest.fixture(scope="module")
-def straight(toy, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("straight"))
-    return out, run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2")
+from common import UserError
+from tests.toyrun import assert_same_run, launch, losses, read_log, run_train
 
 
 def test_the_straight_run_writes_checkpoints_export_curves_and_passes_over_bad_images(straight, toy):
@@ -287,7 +205,7 @@ def test_a_checkpoint_whose_weights_break_the_next_step_is_not_called_good(toy, 
     shutil.rmtree(os.path.join(out, "step_000004"))
     output = run_train(toy, out, "--max_iters=8", "--checkpoint_interval=1", "--max_bad_steps=2", "--resume=True",
                        "--learning_rate=1e30", "--warmup_ratio=0.0", "--grad_clip=0.0", "--similarity='dot'",
-                       "--temperature=6.4", expect_returncode=1)
+                       "--temperature=6.4", "--allow_config_change=True", expect_returncode=1)
     assert "step 4/8: a non-finite loss or gradient" in output and "update skipped (1 in a row, 1 in all)" in output
     assert "step 4: no checkpoint written: a non-finite loss or gradient" in output
     assert f"moved {out}/step_000003 aside to {out}/step_000003.suspect: its weights led to step 4" in output

@@ -1,0 +1,259 @@
+"""
+runs.py: an out_dir and the one training run in it, as a shared cluster needs them: one run at a time (a lock),
+a clean stop on a signal (preemption, a wall-time notice, Ctrl-C), what a resume may change, and the history of
+the config a run went through. train.py calls these; checkpoint.py holds what the folders hold.
+
+    lock = take_lock(out_dir)                    # refuses a second launch on the same out_dir, naming the first
+    stop = StopSignals(("SIGTERM", "SIGUSR1", "SIGINT"))   # a signal sets stop.received; nothing is cut short
+    changed = resume_changes(checkpoint_config, config, allow_config_change)   # refuses what redefines the run
+    release_lock(lock)
+
+On a stop signal every rank finishes the step it is in; the ranks decide together (train.py folds stop.received
+into the all-reduce every step makes anyway) to write one checkpoint at that step, and the run exits with
+EXIT_RESUME: a scheduler (cluster/pace.sbatch) requeues it, and --resume=True continues exactly. Another signal
+during the save changes nothing: the checkpoint is written under a .tmp name and renamed when whole, so a kill
+leaves the previous checkpoint the newest intact one. A second Ctrl-C stops at once (KeyboardInterrupt).
+"""
+import glob
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+from checkpoint import complete, read_info, remove, verify
+from common import UserError, write_json
+
+EXIT_RESUME = 75  # EX_TEMPFAIL ("try again later"): stopped on a signal with a checkpoint written; resume me
+LOCK = "run.lock"
+# what defines a run: changing one on resume makes the rest of the run another experiment than its first steps
+DEFINING = ("init_from", "train_data", "image_dir", "train_split", "allow_eval_datasets", "skip_bad_rows", "similarity",
+            "temperature", "focal_gamma", "focal_temperature", "weighting", "lora_rank", "lora_alpha", "lora_dropout",
+            "seed", "batch_size", "num_hard_negatives", "max_length", "max_pixels", "min_pixels", "instructions")
+NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "allow_config_change")  # where and how, not what
+
+
+# -----------------------------------------------------------------------------
+# one run at a time
+
+def lock_holder(path):
+    """The lock file's record ({"host", "pid", "started", "command"}), or None if there is none (or it is empty)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def alive_here(record):
+    """True when the lock's process runs on this host: its pid exists and is a train.py (a reused pid is not)."""
+    if record.get("host") != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
+            return b"train.py" in f.read()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def take_lock(out_dir):
+    """Hold out_dir's lock for this run: out_dir/run.lock, created exclusively, holding host, pid, start time and
+    command. A lock of a live run is refused naming it; one whose process no longer exists on this host is taken
+    over with a message; one from another host is refused with the way to clear it. -> the lock's path"""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, LOCK)
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": " ".join(sys.argv)}
+    for _ in range(2):
+        try:
+            with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
+                json.dump(record, f)
+            return path
+        except FileExistsError:
+            holder = lock_holder(path)
+            if holder is None:
+                print(f"note: {path} was empty (a run that stopped while taking it): taking it over")
+            elif alive_here(holder):
+                raise UserError(f"{out_dir} is in use by a running train.py: pid {holder['pid']} on this host, started "
+                                f"{holder['started']} ({holder['command']}); wait for it, stop it, or use another "
+                                "--out_dir") from None
+            elif holder.get("host") != socket.gethostname():
+                raise UserError(f"{out_dir} is locked by a run on host {holder.get('host')} (pid {holder.get('pid')}, "
+                                f"started {holder.get('started')}); if that run is gone, delete {path} and start "
+                                "again") from None
+            else:
+                print(f"note: took over {path}, left by pid {holder['pid']} (started {holder['started']}), which "
+                      "no longer runs here")
+            os.remove(path)
+    raise UserError(f"{path}: could not take the lock (another launch is taking it at the same moment)")
+
+
+def release_lock(path):
+    """Give the lock back, if it is still this process's."""
+    if path and (lock_holder(path) or {}).get("pid") == os.getpid():
+        os.remove(path)
+
+
+# -----------------------------------------------------------------------------
+# stopping on a signal
+
+class StopSignals:
+    """Handlers for the stop signals (names such as "SIGTERM", "SIGUSR1", "SIGINT"): the first sets `received` to
+    its name and says what happens next; later ones are noted and change nothing, except a second SIGINT (Ctrl-C
+    pressed twice), which stops at once. Install in the main process only: DataLoader workers ignore the signals
+    (ignore_signals), so that a signal sent to the whole process group does not kill them mid-step."""
+
+    def __init__(self, names):
+        self.names, self.received = tuple(names), None
+        for name in self.names:
+            if not hasattr(signal, name):
+                raise UserError(f"stop_signals: {name!r} is not a signal name (e.g. 'SIGTERM', 'SIGUSR1')")
+            signal.signal(getattr(signal, name), self.handle)
+
+    def handle(self, number, frame):
+        name = signal.Signals(number).name
+        if self.received is None:
+            self.received = name
+            print(f"{name}: finishing this step, then writing a checkpoint and stopping"
+                  + (" (Ctrl-C again stops at once)" if name == "SIGINT" else ""), flush=True)
+        elif name == "SIGINT" and self.received == "SIGINT":
+            raise KeyboardInterrupt
+        else:
+            print(f"{name} again: still finishing the step and the checkpoint", flush=True)
+
+
+def ignore_signals(names, worker_id=None):
+    """A DataLoader worker_init_fn (with functools.partial): the stop signals are the main process's business. A
+    scheduler or torchrun signals a rank's whole process group, workers included; a worker that died of it would
+    interrupt the step in progress (torch's DataLoader raises in the main process when a worker dies). Workers that
+    ignore SIGTERM no longer end when multiprocessing terminates them at exit: kill_workers_at_exit does."""
+    for name in names:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+def kill_workers_at_exit():
+    """At the main process's exit (on every path: the end, a stop, an error), SIGKILL its live child processes
+    (DataLoader workers, which ignore SIGTERM), before multiprocessing's own exit handler joins them: registered
+    after that handler, it runs first."""
+    import atexit
+    import multiprocessing
+    import multiprocessing.util  # noqa: F401 - its exit handler registered first, so ours runs before it
+    def kill():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise at each child's death
+        for child in multiprocessing.active_children():
+            child.kill()
+    if not getattr(kill_workers_at_exit, "registered", False):
+        atexit.register(kill)
+        kill_workers_at_exit.registered = True
+
+
+# -----------------------------------------------------------------------------
+# what a resume may change, and the config's history
+
+def resume_changes(before, after, allow_config_change):
+    """The config keys whose values differ between a checkpoint's config and this run's -> {key: [before, after]}.
+    A change of what defines the run (DEFINING) is a UserError naming the keys, unless allow_config_change; what
+    only steers the rest (max_iters, the learning rate and its schedule, logging, checkpointing, workers) is
+    allowed. Keys the checkpoint does not have (an older run's) count as unchanged."""
+    changed = {key: [before[key], value] for key, value in after.items()
+               if key in before and key not in NOT_COMPARED and normal(before[key]) != normal(value)}
+    refused = [key for key in changed if key in DEFINING]
+    if refused and not allow_config_change:
+        raise UserError("resuming would change what defines the run: " + ", ".join(
+            f"{key} {changed[key][0]!r} -> {changed[key][1]!r}" for key in refused) + "; keep them, write elsewhere "
+            "with --out_dir=..., or --allow_config_change=True to continue anyway (config.json records it)")
+    return changed
+
+
+def normal(value):
+    """A value as config.json stores it (tuples as lists), so a round trip through JSON is no change."""
+    return json.loads(json.dumps(value))
+
+
+def write_config(path, config, step, changed):
+    """out_dir/config.json: {"config": this run's, "history": [{"from_step", "changed"}]}, one history entry per
+    start (a fresh run's with no changes), so it says which steps ran under which values."""
+    history = []
+    if step and os.path.isfile(path):  # a resume: the history so far, up to the step it resumes from
+        with open(path) as f:
+            earlier = json.load(f)
+        history = [h for h in earlier.get("history", []) if h["from_step"] < step] if isinstance(earlier, dict) else []
+    history.append({"from_step": step, "changed": changed})
+    write_json(path, {"config": config, "history": history})
+
+
+def finished(info, max_iters, export_info):
+    """True when the newest checkpoint (its pace.json `info`) is the last step of a run of max_iters and export/
+    (its pace.json) holds that step: a resume then has nothing to do."""
+    return bool(info) and info.get("step") == max_iters and (export_info or {}).get("step") == max_iters
+
+# -----------------------------------------------------------------------------
+# the step folders of an out_dir
+
+def earlier_run(out_dir):
+    """What an earlier run left in out_dir that a fresh run must not mix with: its step folders and export/."""
+    export = os.path.join(out_dir, "export")
+    return complete(out_dir) + ([export] if os.path.isdir(export) else [])
+
+
+def refuse_mixing(out_dir, fresh, overwrite):
+    """A fresh run where an earlier run's checkpoints are is refused, naming them, unless overwrite. -> what the
+    earlier run left (to delete with overwrite), [] for a resume"""
+    earlier = earlier_run(out_dir) if fresh else []
+    if earlier and not overwrite:
+        raise UserError(f"{out_dir} holds an earlier run ({', '.join(map(os.path.basename, earlier))}): continue it "
+                        "with --resume=True, write elsewhere with --out_dir=..., or start over with --overwrite=True "
+                        "(deletes them)")
+    return earlier
+
+
+def clear(out_dir, doomed):
+    """Rank 0, before anything is written: remove what a run that stopped while writing left, and `doomed` (the
+    earlier run's folders and log, for overwrite=True), saying so."""
+    os.makedirs(out_dir, exist_ok=True)
+    for path in remove_unfinished(out_dir):
+        print(f"removed {path}, left unfinished by a run that stopped while writing it")
+    for path in doomed:
+        remove(path)
+    if doomed:
+        print(f"overwrite=True: deleted the earlier run's {', '.join(os.path.basename(p) for p in doomed[:-1])}")
+
+
+def remove_unfinished(out_dir):
+    """Delete what a run that stopped while writing left in out_dir (step_NNNNNN.tmp, export.tmp, *.tmp files):
+    a full disk stays full otherwise. -> the paths removed."""
+    stale = glob.glob(os.path.join(glob.escape(out_dir), "*.tmp"))
+    for path in stale:
+        remove(path)
+    return stale
+
+
+def newest_intact(out_dir):
+    """The newest complete step folder of out_dir that verifies; broken ones are named and passed over. -> path
+    or None."""
+    for path in reversed(complete(out_dir)):
+        try:
+            verify(path)
+            return path
+        except (OSError, ValueError) as error:
+            print(f"{error}; trying the checkpoint before it", flush=True)
+    return None
+
+
+def prune(out_dir, keep_last, keep_steps):
+    """Delete all but the newest keep_last complete step folders, except the steps of keep_steps."""
+    folders = complete(out_dir)
+    for path in folders[:-keep_last] if keep_last > 0 else folders:
+        if read_info(path)["step"] not in keep_steps:
+            remove(path)
+
+
+def set_aside(out_dir, from_step):
+    """Rename the step folders from from_step on to step_NNNNNN.suspect (a stopped run's weights that went wrong):
+    kept for a look, but no longer what --resume takes. -> the folders moved."""
+    moved = [path for path in complete(out_dir) if read_info(path)["step"] >= from_step]
+    for path in moved:
+        remove(path + ".suspect")  # a rerun that went wrong at the same step: its copy of the same weights
+        os.replace(path, path + ".suspect")
+    return moved

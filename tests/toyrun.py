@@ -1,0 +1,66 @@
+"""
+Runs of train.py on the toy benchmark for the tests (tests/test_train.py, tests/test_runs.py): launch it in a
+subprocess (one process or a 2-rank torchrun), read its log, compare two runs step by step. The toy data and the
+straight run they compare against are conftest.py's session fixtures `toy` and `straight`.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def launch(toy, out_dir, *args, nproc=1, popen=False):
+    """Run train.py on the toy config in a subprocess. -> (return code, its stdout and stderr), or with popen the
+    running process, its output merged into one pipe."""
+    common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={os.path.relpath(toy['checkpoint'], ROOT)}",
+              f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out_dir}",
+              "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096",
+              "--micro_batch=5", "--skip_bad_rows=True"]  # several forward calls per side, a different count on 1 and 2 ranks
+    if nproc == 1:
+        command = [sys.executable, os.path.join(ROOT, "train.py")]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                   f"--master_port={free_port()}", os.path.join(ROOT, "train.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+           "PYTHONUNBUFFERED": "1"}
+    if popen:
+        return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+    result = subprocess.run(command + common + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return result.returncode, result.stdout + result.stderr
+
+
+def run_train(toy, out_dir, *args, nproc=1, expect_returncode=0):
+    """launch(), asserting its return code; -> the log.jsonl records, or on an expected failure the output."""
+    returncode, output = launch(toy, out_dir, *args, nproc=nproc)
+    assert returncode == expect_returncode, output[-6000:]
+    return output if expect_returncode else read_log(out_dir)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_same_run(reference, other):
+    """Same losses step by step, and the same gradient norm at step 1 (the gradient before any update); later
+    norms get a looser bound: Adam's first steps amplify float-rounding differences."""
+    assert [r["step"] for r in other] == [r["step"] for r in reference]
+    for a, b in zip(reference, other):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5 if a["step"] == 1 else 1e-3)
+
+
+def losses(records):
+    return {r["step"]: r["loss"] for r in records}
