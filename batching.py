@@ -40,7 +40,8 @@ class TrainDataset(torch.utils.data.Dataset):
         for k in range(len(self.rows)):
             j = (i + k) % len(self.rows)
             try:
-                return dict(self.prepare(self.rows[j]), row=j, skipped=skipped)
+                row = self.rows[j]
+                return dict(self.prepare(row), row=j, skipped=skipped, judge=row.get("judge"))
             except ValueError as error:
                 if not self.skip_bad_rows:
                     raise
@@ -153,7 +154,9 @@ def least_padding_cuts(lengths, count, max_items):
 
 def collate_train(preprocessor, max_items=None, cut=split_by_length):
     """collate_fn for DataLoader over TrainDataset (picklable). n items -> {"query": [collated chunks],
-    "candidate": [collated chunks], "targets": (n,), "rows": (n,), "skipped": [messages]}. Concatenating the
+    "candidate": [collated chunks], "targets": (n,), "rows": (n,), "skipped": [messages]}, and for judged rows
+    (data.load_train_rows(judged=True)) "judge_scores" (n, 1 + K) and "own_candidates" (n, 1 + K), each query's
+    judge scores and the indices in c of its positive and its K negatives (loss.pace_loss's). Concatenating the
     chunks' embeddings gives q (n, D) and c (n * (1 + K), D): the n positives first, then each query's K
     negatives, each side cut into forward calls by cut(lengths, max_items) (split_by_length: sorted by length, the
     least padding; bench.py passes simpler cuts to compare). targets[i] indexes query i's positive in c; rows[i]
@@ -169,13 +172,19 @@ def _collate_train(items, preprocessor, max_items, cut):
     candidate_chunks = cut([len(f["input_ids"]) for f in candidates], max_items)
     query_order = [i for chunk in query_chunks for i in chunk]  # chunk order -> original query
     candidate_position = {j: p for p, j in enumerate(j for chunk in candidate_chunks for j in chunk)}
-    return {
+    batch = {
         "query": [preprocessor.collate([queries[i] for i in chunk]) for chunk in query_chunks],
         "candidate": [preprocessor.collate([candidates[j] for j in chunk]) for chunk in candidate_chunks],
         "targets": torch.tensor([candidate_position[i] for i in query_order], dtype=torch.long),  # (n,)
         "rows": torch.tensor([items[i]["row"] for i in query_order], dtype=torch.long),  # (n,)
         "skipped": [message for item in items for message in item["skipped"]],
     }
+    if all(item.get("judge") is not None for item in items):
+        n, k = len(items), len(items[0]["candidates"]) - 1  # query i's negatives sit at n + i * k + 0 .. k - 1
+        batch["judge_scores"] = torch.tensor([items[i]["judge"] for i in query_order], dtype=torch.float32)  # (n, 1 + K)
+        batch["own_candidates"] = torch.tensor([[candidate_position[i]] + [candidate_position[n + i * k + j]
+                                                                           for j in range(k)] for i in query_order])
+    return batch
 
 
 # -----------------------------------------------------------------------------

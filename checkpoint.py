@@ -65,18 +65,19 @@ def read_info(path):
 
 
 def fingerprint(path):
-    """A short id of a checkpoint's weights, from what describes them without reading them: its pace.json (a step
-    folder's holds every file's CRC-32; an export's its step and config) or a release's config.json, and the sizes
-    of its weight files. The same folder copied elsewhere keeps it; another step or run does not."""
+    """A short id of a checkpoint's weights. A step folder: its pace.json, which holds every file's CRC-32. A
+    release or an export: its config.json and pace.json and the CRC-32 of every weight file (about a second a GB:
+    two releases of one shape, a random and a trained one, differ only there). A copy elsewhere keeps the id."""
     import hashlib
-    digest = hashlib.sha256()
+    digest, info = hashlib.sha256(), read_info(path)
     for name in (INFO, "config.json"):
         if os.path.isfile(os.path.join(path, name)):
             with open(os.path.join(path, name), "rb") as f:
                 digest.update(name.encode() + f.read())
-    for name in sorted(os.listdir(path)):
-        if name.endswith((".safetensors", ".distcp")):
-            digest.update(f"{name}:{os.path.getsize(os.path.join(path, name))}".encode())
+    if not info.get("files"):
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".safetensors"):
+                digest.update(f"{name}:{json.dumps(file_record(os.path.join(path, name)))}".encode())
     return digest.hexdigest()[:16]
 
 

@@ -30,9 +30,7 @@ found in a DataLoader worker (batching.TrainDataset). A row of one of MMEB's 16 
 an error unless allow_eval_datasets=True: it would leak a test set into training.
 """
 import array
-import ast
 import collections
-import functools
 import json
 import os
 import random
@@ -42,109 +40,16 @@ import pyarrow.parquet as pq
 
 import mmeb
 from common import Progress, UserError
-from mmeb import IMAGE_MARKER
+from mmeb import IMAGE_MARKER, BadRow, list_field, list_literal, read_records, text_field
 
-TRAIN_COLUMNS = ("qry", "qry_image_path", "pos_text", "pos_image_path", "neg_text", "neg_image_path")
+TRAIN_COLUMNS = ("qry", "qry_image_path", "pos_text", "pos_image_path", "neg_text", "neg_image_path", "pos_judge",
+                 "neg_judge")  # the last two: a judge's scores (mine.py), read with judge=True
 EVAL_COLUMNS = ("qry_text", "qry_img_path", "tgt_text", "tgt_img_path")
 V2_COLUMNS = ("qry_inst", "qry_text", "qry_img_path", "tgt_inst", "tgt_text", "tgt_img_path")
 
 
-class BadRow(UserError):
-    """One row's problem: the field it is in and its reason (counted by reason). Becomes an error naming the file
-    and row, or a skip."""
-
-    def __init__(self, field, problem, reason):
-        super().__init__(f"field {field!r}: {problem}")
-        self.reason = reason
-
-
 # -----------------------------------------------------------------------------
-# reading files and fields
-
-def read_records(path, columns, max_rows=None):
-    """(location, record) of each row of a .jsonl or .parquet file, at most max_rows of them. A line that is not
-    UTF-8 JSON comes as (location, BadRow) so the caller can raise or skip it."""
-    count = 0
-    if path.endswith(".jsonl"):
-        with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not a crash
-            for line_number, line in enumerate(f, 1):
-                if max_rows is not None and count >= max_rows:
-                    return
-                if not line.strip():
-                    continue
-                count += 1
-                try:
-                    record = json.loads(line.decode("utf-8"))
-                    if not isinstance(record, dict):
-                        raise ValueError("not a JSON object")
-                except UnicodeDecodeError as error:
-                    record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
-                except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
-                    record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
-                yield f"line {line_number}", record
-        return
-    try:
-        table = pq.ParquetFile(path)
-    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds
-        raise UserError(f"{path}: cannot read it as Parquet: {error}") from None
-    present = [c for c in columns if c in table.schema_arrow.names]  # a missing one is caught per row
-    for batch in table.iter_batches(batch_size=4096, columns=present):
-        for record in batch.to_pylist():
-            if max_rows is not None and count >= max_rows:
-                return
-            yield f"row {count}", record
-            count += 1
-
-
-def text_field(record, field):
-    """A required text column -> str (null reads as empty)."""
-    if field not in record:
-        raise BadRow(field, "missing column", "missing column")
-    value = record[field]
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise BadRow(field, f"expected a string, got {type(value).__name__}", "not a string")
-    return value
-
-
-def list_field(record, field, required=False):
-    """A list column -> list of str: a list, a list written as a string (a Python literal, as mmE5 writes it, or
-    JSON), or one plain string (one entry); empty, null or absent is no entries."""
-    if field not in record:
-        if required:
-            raise BadRow(field, "missing column", "missing column")
-        return []
-    value = record[field]
-    if value is None:
-        return []
-    if isinstance(value, str):
-        if not value.strip():
-            return []
-        if not value.lstrip().startswith("["):
-            return [value]
-        value = list_literal(value.strip())
-        if value is None:
-            raise BadRow(field, f"cannot parse {record[field][:80]!r} as a list", "unparsable list")
-    if isinstance(value, (list, tuple)) and all(v is None or isinstance(v, str) for v in value):
-        return ["" if v is None else v for v in value]
-    raise BadRow(field, f"expected a list of strings, got {str(value)[:80]!r}", "unparsable list")
-
-
-@functools.lru_cache(maxsize=1024)
-def list_literal(text):
-    """A list written as a string -> a tuple, or None when it does not parse: a Python literal (mmE5 writes
-    "['', 'a']"; parsed with ast.literal_eval, which runs nothing), else JSON (true / false / null). Cached: most
-    rows of a subset repeat the same "['', '', '']" of an image negative's text or a text negative's image."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            return None
-    return tuple(value) if isinstance(value, list) else value
-
+# images and sides
 
 class ImagePaths:
     """A row's image path -> the file under image_dir, which must exist. Refuses a path that leaves image_dir
@@ -194,14 +99,29 @@ def negative_sides(record, positive, images):
     count = max(len(texts), len(paths))
     texts, paths = texts or [""] * count, paths or [""] * count
     filler = next((t for t in texts if t), positive["text"])  # an image negative's text, when its own is ''
-    sides, missing = [], 0
+    sides, kept = [], []
     for k, (text, image) in enumerate(zip(texts, paths)):
         path = images.resolve(image, f"neg_image_path[{k}]")
         if path is None and empty_text(text):
-            missing += 1
-            continue
+            continue  # a missing negative
         sides.append({"text": (text or filler) if path else text, "image": path})
-    return sides, missing
+        kept.append(k)
+    return sides, kept, count - len(kept)
+
+
+def judge_scores(record, kept):
+    """A judged record's scores (mine.py's pos_judge, neg_judge) -> [positive's, each kept negative's], each in [0, 1]."""
+    if record.get("pos_judge") is None or record.get("neg_judge") is None:
+        raise BadRow("pos_judge", "no judge scores (mine.py --judge_from=... writes them)", "no judge scores")
+    scores = list_literal(record["neg_judge"].strip()) if isinstance(record["neg_judge"], str) else record["neg_judge"]
+    if not isinstance(scores, (list, tuple)) or not all(isinstance(v, (int, float)) for v in scores) or \
+            (kept and max(kept) >= len(scores)):
+        raise BadRow("neg_judge", f"expected a list of a score for each negative, got {str(record['neg_judge'])[:80]!r}",
+                     "unparsable list")
+    values = [float(record["pos_judge"])] + [float(scores[k]) for k in kept]
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise BadRow("neg_judge", f"judge scores lie in [0, 1], got {values}", "unparsable list")
+    return values
 
 
 class SourceReport:
@@ -282,19 +202,20 @@ def read_rows(path, columns, make_row, report, skip_bad_rows, max_rows=None):
 # -----------------------------------------------------------------------------
 # training rows
 
-def train_row(record, images, report):
+def train_row(record, images, report, judged=False):
     """One MMEB-train / mmE5 record -> {"query": side, "candidates": [positive, negatives...]}, the query's text
-    through the report's instructions."""
+    through the report's instructions; judged: also "judge", the judge's score of each candidate (judge_scores)."""
     query = make_side(text_field(record, "qry"), text_field(record, "qry_image_path"), "qry", "qry_image_path",
                       images, "empty query")
     if report.instructions:
         query["text"] = report.instructions(query["text"], report.dataset)
     positive = make_side(text_field(record, "pos_text"), text_field(record, "pos_image_path"), "pos_text",
                          "pos_image_path", images, "empty positive")
-    negatives, missing = negative_sides(record, positive, images)
+    negatives, kept, missing = negative_sides(record, positive, images)
     report.negatives[len(negatives)] += 1
     report.missing_negatives += missing
-    return {"query": query, "candidates": [positive] + negatives}
+    row = {"query": query, "candidates": [positive] + negatives}
+    return dict(row, judge=judge_scores(record, kept)) if judged else row
 
 
 def fill_or_cut_negatives(rows, num_negatives, seed, subset_index, report):
@@ -308,6 +229,11 @@ def fill_or_cut_negatives(rows, num_negatives, seed, subset_index, report):
     for i, row in enumerate(rows):
         report.cut += len(row["candidates"]) > 1 + num_negatives
         candidates = row["candidates"][:1 + num_negatives]  # the positive, then the first K negatives
+        if "judge" in row:  # a judged row's scores go with its candidates; the judge never saw a filled one
+            row["judge"] = row["judge"][:1 + num_negatives]
+            if len(candidates) < 1 + num_negatives:
+                raise UserError(f"{row['source']}: {len(candidates) - 1} judged negatives, num_hard_negatives="
+                                f"{num_negatives} needed: mine with --num_hard_negatives={num_negatives} or more")
         if len(candidates) < 1 + num_negatives:
             report.filled += 1
             rng = random.Random(f"{seed}/{subset_index}/{i}")
@@ -343,10 +269,11 @@ def train_entries(train_data, image_dir):
 
 def load_train_rows(train_data, image_dir, num_hard_negatives=5, seed=0, skip_bad_rows=False,
                     allow_any_image_path=False, instructions=None, train_split="original",
-                    allow_eval_datasets=False, check=False):
+                    allow_eval_datasets=False, check=False, judged=False):
     """Training rows of every subset of every entry (the file docstring), each with exactly num_hard_negatives
     negatives. instructions: 'paper', 'dataset' or None (no rewrite). check: read everything and report instead
     of stopping at the first problem (bad rows are counted, leaks and failures recorded): what --check_data does.
+    judged: every row must carry a judge's scores (mine.py), kept as rows[i]["judge"] beside its candidates.
     -> (PackedRows; rows[i] = {"query", "candidates": [positive, K negatives], "source": "file row 7"},
         [SourceReport per subset])"""
     packed, reports = PackedRows(), []
@@ -366,7 +293,7 @@ def load_train_rows(train_data, image_dir, num_hard_negatives=5, seed=0, skip_ba
                     left = None if entry["max_rows"] is None else entry["max_rows"] - len(rows)
                     if left is None or left > 0:
                         rows += [dict(row, source=f"{path} {location}") for location, row in read_rows(
-                            path, TRAIN_COLUMNS, lambda r: train_row(r, images, report), report,
+                            path, TRAIN_COLUMNS, lambda r: train_row(r, images, report, judged), report,
                             skip_bad_rows or check, left)]
                 if not rows and not report.bad:
                     raise UserError(f"{subset}: no rows in it")

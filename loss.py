@@ -24,6 +24,18 @@ exactly as eq. (5)'s (weighting=...):
     "random"          a_i ~ Uniform(0, 1), drawn afresh each step: weighting that knows nothing
     "query_positive"  a_i = ((1 - s_cos(q_i, c_i+)) / 2)^gamma: a positive far from its query is hard
     "query_negative"  a_i = ((1 + max_{j != +} s_cos(q_i, c_j)) / 2)^gamma: a close hardest negative is hard
+
+UniME-V2's judge soft labels (Gu et al., AAAI 2026; soft_labels="judge"; mine.py writes the scores). An MLLM judge
+scored query i's own candidates, its positive and its K hard negatives (k = 0..K, positive first), with
+j_ik = e_yes / (e_yes + e_no) in [0, 1]. The model's similarity distribution over those same candidates is pulled
+towards the judge's:
+    P_i  = softmax_k(j_ik / tau_j)                                       (U1) the judge's soft labels
+    Q_i  = softmax_k(s(q_i, c_ik) / tau)                                 (U2) the model's, eq. (1) or (2), eq. (3)'s tau
+    A_i  = 1/2 [KL(P_i || Q_i) + KL(Q_i || P_i)]                         (U3) symmetric, as UniME-V2's released loss
+    L    = (focal-weighted InfoNCE of eqs. (6)-(7)) + lambda * (1/N) sum_i A_i, N the global batch's queries   (U4)
+P_i is a constant (the scores are data); Q_i carries the gradient. UniME-V2's code (Embedding/src/loss.py) takes
+tau_j = tau = 0.02 on cosine and trains with (U3) alone; here the InfoNCE term stays and lambda
+(alignment_weight) weighs (U3) beside it.
 """
 
 import warnings
@@ -40,6 +52,7 @@ warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_g
 NORMALIZE_EPS = 1e-6  # floor on |x| in eq. (1), so a zero vector gives cos = 0, not NaN
 SIMILARITIES = ("cos", "dot")  # eq. (1), eq. (2)
 WEIGHTINGS = ("focal", "random", "query_positive", "query_negative")
+SOFT_LABELS = ("none", "judge")  # no soft labels; UniME-V2's judge scores, eqs. (U1)-(U4)
 COLLAPSE_SPREAD = 1e-4  # a batch whose every query sees logits within this of each other carries no signal
 
 
@@ -100,6 +113,40 @@ def check_inputs(q, c, targets, weighting):
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
 
 
+def check_soft_labels(soft_labels, judge_scores, own_candidates, targets, num_candidates):
+    """The judge's inputs of eqs. (U1)-(U4): (N, 1 + K) scores and (N, 1 + K) local candidate indices, the
+    positive first."""
+    if soft_labels not in SOFT_LABELS:
+        raise ValueError(f"soft_labels must be one of {SOFT_LABELS}, got {soft_labels!r}")
+    if soft_labels == "none":
+        if judge_scores is not None or own_candidates is not None:
+            raise ValueError("judge_scores and own_candidates are used only with soft_labels='judge'")
+        return
+    if judge_scores is None or own_candidates is None:
+        raise ValueError("soft_labels='judge' needs judge_scores and own_candidates, each (N, 1 + K)")
+    n = targets.shape[0]
+    if own_candidates.dim() != 2 or own_candidates.shape[0] != n or own_candidates.dtype != torch.long:
+        raise ValueError(f"own_candidates must be an ({n}, 1 + K) long tensor, got {tuple(own_candidates.shape)} "
+                         f"{own_candidates.dtype}")
+    if judge_scores.shape != own_candidates.shape or not judge_scores.is_floating_point():
+        raise ValueError(f"judge_scores must be a float tensor shaped like own_candidates "
+                         f"{tuple(own_candidates.shape)}, got {tuple(judge_scores.shape)} {judge_scores.dtype}")
+    if not torch.isfinite(judge_scores).all():
+        raise ValueError("judge_scores must be finite")
+    if own_candidates.min() < 0 or own_candidates.max() >= num_candidates:
+        raise ValueError(f"own_candidates must index the local candidates, 0 <= index < {num_candidates}")
+    if not torch.equal(own_candidates[:, 0], targets):
+        raise ValueError("own_candidates[:, 0] must be each query's positive, its target")
+
+
+def alignment_terms(logits, own_candidates, judge_scores, judge_temperature):
+    """(N,) A_i of eq. (U3). logits: (N, world * M) s / tau of eq. (3); own_candidates: (N, 1 + K) indices into
+    its columns; judge_scores: (N, 1 + K)."""
+    log_q = logits.gather(1, own_candidates).log_softmax(dim=-1)  # (N, 1 + K) log Q_i, eq. (U2)
+    log_p = (judge_scores.float() / judge_temperature).log_softmax(dim=-1)  # (N, 1 + K) log P_i, eq. (U1): constant
+    return 0.5 * ((log_p.exp() * (log_p - log_q)).sum(-1) + (log_q.exp() * (log_q - log_p)).sum(-1))  # (N,)
+
+
 def query_weights(weighting, gamma, confidence, cos, positive):
     """(N,) a_i of each query, before normalisation (the formulas are in the file docstring). confidence: (N,)
     p_i of eq. (4); cos: (N, world * M) cosines; positive: (N, world * M) bool, True at each query's positive."""
@@ -114,10 +161,15 @@ def query_weights(weighting, gamma, confidence, cos, positive):
 
 
 def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0, focal_temperature=0.1,
-              weighting="focal"):
+              weighting="focal", soft_labels="none", judge_scores=None, own_candidates=None, judge_temperature=0.02,
+              alignment_weight=1.0):
     """Focal Embedding Loss, eqs. (3)-(7). q: (N, D) local queries, c: (M, D) local candidates, targets: (N,)
-    positive index in the local c. -> (loss to backpropagate, dict of floats, the same on every rank)."""
+    positive index in the local c. soft_labels='judge' adds UniME-V2's alignment, eqs. (U1)-(U4): judge_scores
+    (N, 1 + K) the judge's scores of each query's own positive and K hard negatives, own_candidates (N, 1 + K)
+    their indices in the local c (positive first), judge_temperature tau_j, alignment_weight lambda.
+    -> (loss to backpropagate, dict of floats, the same on every rank)."""
     check_inputs(q, c, targets, weighting)
+    check_soft_labels(soft_labels, judge_scores, own_candidates, targets, c.shape[0])
     rank, world = world_rank_and_size()
     all_c = gather_candidates(c)  # (world * M, D)
     targets = targets + rank * c.shape[0]  # (N,) index into all_c
@@ -136,7 +188,26 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
     # dL/dc_r. Rank r's parameter gradient is then its share of dL/dtheta, and the shares sum to dL/dtheta.
     # FSDP averages gradients over ranks (divides by world), which the factor world undoes. In one process
     # this is exactly L. A batch whose weights are all 0 (every query certain) gives 0, not 0/0.
+    if soft_labels == "judge":
+        return with_alignment(logits, own_candidates + rank * c.shape[0], judge_scores, judge_temperature,
+                              alignment_weight, nll, weights, stats, world)
     loss = world * (weights * nll).sum() / max(stats.pop("weight_sum"), 1e-30)
+    return loss, stats
+
+
+def with_alignment(logits, own_candidates, judge_scores, judge_temperature, alignment_weight, nll, weights, stats,
+                   world):
+    """Eq. (U4): the focal loss plus lambda times the mean A_i over the global batch's queries. Each rank
+    backpropagates world * (its share), by pace_loss's argument for eqs. (6)-(7) with 1 / N in place of
+    a_i / sum a: A_i depends on q_i and on its own candidates (local, but in all_c's coordinates here).
+    own_candidates: (N, 1 + K) indices into all_c. -> (loss, stats with 'infonce' and 'alignment' added)."""
+    alignment = alignment_terms(logits, own_candidates, judge_scores, judge_temperature)  # (N,) A_i, eq. (U3)
+    sums = reduced({"alignment": alignment.detach().sum(), "queries": torch.ones((), device=nll.device) * len(nll)},
+                   dist.ReduceOp.SUM)
+    weight_sum = max(stats.pop("weight_sum"), 1e-30)
+    loss = world * ((weights * nll).sum() / weight_sum + alignment_weight * alignment.sum() / sums["queries"])
+    stats["infonce"], stats["alignment"] = stats["loss"], sums["alignment"] / sums["queries"]
+    stats["loss"] = stats["infonce"] + alignment_weight * stats["alignment"]  # eq. (U4), the value of L
     return loss, stats
 
 

@@ -1,8 +1,8 @@
 """
 mmeb.py: what this project knows of MMEB and of the real downloads: the 36 datasets (meta task, split, task
 format, own instruction), their spellings, the paper's instructions (Table 5), which files of a download hold the
-rows, and how MMEB-V2 joins its instruction columns into the texts. Plain knowledge: it reads folder listings,
-never rows (data.py reads them).
+rows, how their records and list fields are written (Parquet or JSON Lines; lists or Python list literals), how
+MMEB-V2 joins its instruction columns into the texts, and Table 8's means. data.py makes rows of the records.
 
     meta_task, split = MMEB_DATASETS["ImageNet-1K"]               # ("Classification", "IND")
     canonical_name("ImageNet_1K")                                  # 'ImageNet-1K' (MMEB-train spells it so)
@@ -29,11 +29,15 @@ instructions="paper" swaps a row's own instruction for its format's, keeping the
 Visual7W-Pointing), image -> image (NIGHTS) or image+text -> image+text (OVEN): those keep their own instruction,
 which for grounding holds the object's label in its sentence.
 """
+import ast
 import collections
 import functools
 import glob
+import json
 import os
 import re
+
+import pyarrow.parquet as pq
 
 from common import UserError
 
@@ -283,6 +287,103 @@ def find_eval_datasets(mmeb_dir, image_dir=""):
                                            for _, _, files in os.walk(folder) for f in files):
             empty.append(name)  # a MMEB dataset's folder is never taken for an image folder
     return names, empty
+
+
+# -----------------------------------------------------------------------------
+# how the downloads write their rows: Parquet or JSON Lines records, list fields as lists or list literals
+
+class BadRow(UserError):
+    """One row's problem: the field it is in and its reason (counted by reason). Becomes an error naming the file
+    and row, or a skip."""
+
+    def __init__(self, field, problem, reason):
+        super().__init__(f"field {field!r}: {problem}")
+        self.reason = reason
+
+
+def read_records(path, columns, max_rows=None):
+    """(location, record) of each row of a .jsonl or .parquet file, at most max_rows of them. A line that is not
+    UTF-8 JSON comes as (location, BadRow) so the caller can raise or skip it."""
+    count = 0
+    if path.endswith(".jsonl"):
+        with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not a crash
+            for line_number, line in enumerate(f, 1):
+                if max_rows is not None and count >= max_rows:
+                    return
+                if not line.strip():
+                    continue
+                count += 1
+                try:
+                    record = json.loads(line.decode("utf-8"))
+                    if not isinstance(record, dict):
+                        raise ValueError("not a JSON object")
+                except UnicodeDecodeError as error:
+                    record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
+                except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
+                    record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
+                yield f"line {line_number}", record
+        return
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds
+        raise UserError(f"{path}: cannot read it as Parquet: {error}") from None
+    present = [c for c in columns if c in table.schema_arrow.names]  # a missing one is caught per row
+    for batch in table.iter_batches(batch_size=4096, columns=present):
+        for record in batch.to_pylist():
+            if max_rows is not None and count >= max_rows:
+                return
+            yield f"row {count}", record
+            count += 1
+
+
+def text_field(record, field):
+    """A required text column -> str (null reads as empty)."""
+    if field not in record:
+        raise BadRow(field, "missing column", "missing column")
+    value = record[field]
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRow(field, f"expected a string, got {type(value).__name__}", "not a string")
+    return value
+
+
+def list_field(record, field, required=False):
+    """A list column -> list of str: a list, a list written as a string (a Python literal, as mmE5 writes it, or
+    JSON), or one plain string (one entry); empty, null or absent is no entries."""
+    if field not in record:
+        if required:
+            raise BadRow(field, "missing column", "missing column")
+        return []
+    value = record[field]
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if not value.strip():
+            return []
+        if not value.lstrip().startswith("["):
+            return [value]
+        value = list_literal(value.strip())
+        if value is None:
+            raise BadRow(field, f"cannot parse {record[field][:80]!r} as a list", "unparsable list")
+    if isinstance(value, (list, tuple)) and all(v is None or isinstance(v, str) for v in value):
+        return ["" if v is None else v for v in value]
+    raise BadRow(field, f"expected a list of strings, got {str(value)[:80]!r}", "unparsable list")
+
+
+@functools.lru_cache(maxsize=1024)
+def list_literal(text):
+    """A list written as a string -> a tuple, or None when it does not parse: a Python literal (mmE5 writes
+    "['', 'a']"; parsed with ast.literal_eval, which runs nothing), else JSON (true / false / null). Cached: most
+    rows of a subset repeat the same "['', '', '']" of an image negative's text or a text negative's image."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return None
+    return tuple(value) if isinstance(value, list) else value
 
 
 # -----------------------------------------------------------------------------

@@ -17,7 +17,6 @@ The curves of any run, also one still going; several out_dirs continue one anoth
 
     python plot.py out/shapes_stage1 out/shapes_stage2   # -> out/curves_shapes_stage1+shapes_stage2.png (--out=PATH)
 """
-import json
 import math
 import os
 import sys
@@ -25,6 +24,7 @@ import sys
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+import runs
 from common import UserError, install_error_hook, replaced_atomically
 from mmeb import IMAGE_MARKER
 
@@ -417,43 +417,12 @@ def training_curves(log_paths, title=""):
     after Stage I), a dashed line where it begins: at the step of the one before that it started from (its
     config.json's init_from, e.g. Stage I's step_002000), the earlier run's later steps left out; else after
     the earlier run's last step. A line that is not JSON (a run still writing) is skipped."""
-    records, marks = curve_records(log_paths)
+    records, marks = runs.curve_records(log_paths)
     steps = [r["step"] for r in records]
     panels = [{"title": name, "log_y": log_y, "marks": marks,
                "series": [{"label": key, "x": steps, "y": [r.get(key) for r in records]} for key in keys]}
               for name, keys, log_y in CURVES]
     return line_panels(panels, columns=4, title=title or " + ".join(log_paths))
-
-
-def curve_records(log_paths):
-    """-> (the runs' records on one step axis, [(step, run name)] where each later run begins)."""
-    records, marks, offset = [], [], 0
-    for k, path in enumerate(log_paths):
-        with open(path) as f:
-            lines = [json.loads(line) for line in f if line.strip().endswith("}")]
-        if k and lines:
-            start = started_from(path, log_paths[k - 1])
-            if start is not None:  # cut the run before where this one branched off it
-                offset = offset - (records[-1]["step"] if records else 0) + start
-                records = [r for r in records if r["step"] <= offset]
-            marks.append((offset, os.path.basename(os.path.dirname(os.path.abspath(path)))))
-        records += [dict(r, step=r["step"] + offset) for r in lines]
-        offset = records[-1]["step"] if records else offset
-    return records, marks
-
-
-def started_from(log_path, earlier_log_path):
-    """The step of the earlier run that log_path's run started from (its init_from: a step folder of the earlier
-    run's out_dir), or None."""
-    config_path = os.path.join(os.path.dirname(log_path), "config.json")
-    if not os.path.isfile(config_path):
-        return None
-    with open(config_path) as f:
-        written = json.load(f)
-    init_from = os.path.normpath(written.get("config", written).get("init_from", ""))  # {"config", "history"} or flat
-    earlier = os.path.basename(os.path.dirname(os.path.abspath(earlier_log_path)))
-    name, parent = os.path.basename(init_from), os.path.basename(os.path.dirname(init_from))
-    return int(name[len("step_"):]) if name.startswith("step_") and name[5:].isdigit() and parent == earlier else None
 
 
 def main(argv):
@@ -467,7 +436,7 @@ def main(argv):
             raise UserError(f"{folder}: no such folder" if not os.path.isdir(folder) else f"{folder}: no log.jsonl in "
                             "it: not a train.py out_dir, or its run has logged no step yet")
     logs = [os.path.join(folder, "log.jsonl") for folder in folders]
-    empty = [log for log in logs if not curve_records([log])[0]]
+    empty = [log for log in logs if not runs.curve_records([log])[0]]
     for log in empty:
         print(f"warning: {log} holds no step yet (a run that has just started, or was cut before its first step)")
     if len(empty) == len(logs):

@@ -29,7 +29,8 @@ EXIT_RESUME = 75  # EX_TEMPFAIL ("try again later"): stopped on a signal with a 
 LOCK = "run.lock"
 # what defines a run: changing one on resume makes the rest of the run another experiment than its first steps
 DEFINING = ("init_from", "train_data", "image_dir", "train_split", "allow_eval_datasets", "skip_bad_rows", "similarity",
-            "temperature", "focal_gamma", "focal_temperature", "weighting", "lora_rank", "lora_alpha", "lora_dropout",
+            "temperature", "focal_gamma", "focal_temperature", "weighting", "soft_labels", "judge_temperature",
+            "alignment_weight", "lora_rank", "lora_alpha", "lora_dropout",
             "seed", "batch_size", "num_hard_negatives", "max_length", "max_pixels", "min_pixels", "instructions")
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "allow_config_change")  # where and how, not what
 
@@ -257,3 +258,37 @@ def set_aside(out_dir, from_step):
         remove(path + ".suspect")  # a rerun that went wrong at the same step: its copy of the same weights
         os.replace(path, path + ".suspect")
     return moved
+
+
+# -----------------------------------------------------------------------------
+# the runs' logs, one after another
+
+def curve_records(log_paths):
+    """-> (the runs' records on one step axis, [(step, run name)] where each later run begins)."""
+    records, marks, offset = [], [], 0
+    for k, path in enumerate(log_paths):
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip().endswith("}")]
+        if k and lines:
+            start = started_from(path, log_paths[k - 1])
+            if start is not None:  # cut the run before where this one branched off it
+                offset = offset - (records[-1]["step"] if records else 0) + start
+                records = [r for r in records if r["step"] <= offset]
+            marks.append((offset, os.path.basename(os.path.dirname(os.path.abspath(path)))))
+        records += [dict(r, step=r["step"] + offset) for r in lines]
+        offset = records[-1]["step"] if records else offset
+    return records, marks
+
+
+def started_from(log_path, earlier_log_path):
+    """The step of the earlier run that log_path's run started from (its init_from: a step folder of the earlier
+    run's out_dir), or None."""
+    config_path = os.path.join(os.path.dirname(log_path), "config.json")
+    if not os.path.isfile(config_path):
+        return None
+    with open(config_path) as f:
+        written = json.load(f)
+    init_from = os.path.normpath(written.get("config", written).get("init_from", ""))  # {"config", "history"} or flat
+    earlier = os.path.basename(os.path.dirname(os.path.abspath(earlier_log_path)))
+    name, parent = os.path.basename(init_from), os.path.basename(os.path.dirname(init_from))
+    return int(name[len("step_"):]) if name.startswith("step_") and name[5:].isdigit() and parent == earlier else None

@@ -1,10 +1,10 @@
 """
 search.py: nanoGPT's sample.py for embeddings. Embed a collection once into a vectors file, then search it.
 
-    python search.py --init_from=out/shapes_stage2/export --index_images=data/shapes/images/Shapes-T2I \
+    python search.py --init_from=out/shapes_stage2/export --index_images=data/shapes/images/Shapes-T2I \\
         --vectors=out/shapes_t2i.safetensors
-    python search.py --init_from=out/shapes_stage2/export --vectors=out/shapes_t2i.safetensors --top_k=5 \
-        --sheet=out/search.png \
+    python search.py --init_from=out/shapes_stage2/export --vectors=out/shapes_t2i.safetensors --top_k=5 \\
+        --sheet=out/search.png \\
         --query_text="Retrieve an image that best matches the following description. a small red circle at the top left"
 
 Indexing reads any of: a folder of images (searched recursively), a text file (one item per non-empty line), a

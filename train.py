@@ -80,6 +80,9 @@ temperature = 0.1  # tau of the contrastive logits: 0.1 for cos, 100 for dot
 focal_gamma = 2.0  # gamma of eq. (5); 0 is plain InfoNCE (the VLM2Vec baseline)
 focal_temperature = 0.1  # tau_w of the cosine focal confidence, eq. (4)
 weighting = "focal"  # query weights: 'focal' (eq. 5) or Figure 6(b)'s 'random', 'query_positive', 'query_negative'
+soft_labels = "none"  # 'judge': UniME-V2's alignment with a judge's scores (mine.py writes them), eqs. (U1)-(U4) of loss.py
+judge_temperature = 0.02  # tau_j of the judge's soft labels, eq. (U1) (UniME-V2's code: 0.02)
+alignment_weight = 1.0  # lambda of the alignment term beside the InfoNCE, eq. (U4)
 lora_rank = 32  # LoRA rank on the language model; 0 = full fine-tuning of the language model
 lora_alpha = 64  # LoRA scale is alpha / rank
 lora_dropout = 0.0  # dropout on the LoRA input
@@ -106,7 +109,8 @@ config = configurator.configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
 for key, allowed in (("similarity", loss.SIMILARITIES), ("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")),
-                     ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset"))):
+                     ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset")),
+                     ("soft_labels", loss.SOFT_LABELS)):
     configurator.check_choice(key, config[key], allowed)
 for key in ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"):
     if config[key] < 1:
@@ -117,7 +121,8 @@ def read_rows(check=False):
     """The training rows of train_data and their per-subset reports (data.load_train_rows)."""
     return data.load_train_rows(train_data, image_dir, num_hard_negatives, seed=seed, skip_bad_rows=skip_bad_rows,
                                 allow_any_image_path=allow_any_image_path, instructions=instructions,
-                                train_split=train_split, allow_eval_datasets=allow_eval_datasets, check=check)
+                                train_split=train_split, allow_eval_datasets=allow_eval_datasets, check=check,
+                                judged=soft_labels == "judge")
 
 
 if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
@@ -205,8 +210,10 @@ print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
     "-parameter language model" if lora_rank > 0 else "the whole language model") + "; the vision tower is frozen")
 print(kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
-loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,
-                 focal_temperature=focal_temperature, weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
+loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma, focal_temperature=focal_temperature,
+                 weighting=weighting, soft_labels=soft_labels)  # loss.pace_loss, eqs. (3)-(7)
+if soft_labels == "judge":
+    loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight)  # eqs. (U1)-(U4)
 
 
 def get_lr(it):

@@ -74,7 +74,8 @@ def embed(embedder, chunk, autocast=None):
 
 def forward_backward(embedder, batch, loss_args, grad_cache_chunk=0, autocast=None):
     """Embed the batch, compute the loss (loss.pace_loss(**loss_args): similarity, temperature, focal_gamma,
-    focal_temperature, weighting) and backpropagate. -> the loss statistics.
+    focal_temperature, weighting, and with soft_labels='judge' the batch's judge scores) and backpropagate.
+    -> the loss statistics.
     Plain: one graph over every chunk, one backward. GradCache (grad_cache_chunk > 0; the collate cut the batch
     into chunks of that many items), a large batch in the memory of one chunk: 1) embed every chunk without a
     graph; 2) the loss, and its gradient with respect to those embeddings; 3) embed each chunk again, with a
@@ -83,6 +84,9 @@ def forward_backward(embedder, batch, loss_args, grad_cache_chunk=0, autocast=No
     the last chunk."""
     device = embedder.pixel_table.device
     targets = batch["targets"].to(device)
+    if loss_args.get("soft_labels") == "judge":  # UniME-V2's alignment: each query's own candidates and their scores
+        loss_args = dict(loss_args, judge_scores=batch["judge_scores"].to(device),
+                         own_candidates=batch["own_candidates"].to(device))
     if not grad_cache_chunk:
         q = torch.cat([embed(embedder, chunk, autocast) for chunk in batch["query"]])  # (n, D)
         c = torch.cat([embed(embedder, chunk, autocast) for chunk in batch["candidate"]])  # (n * (1 + K), D)

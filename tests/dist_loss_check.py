@@ -21,10 +21,36 @@ from loss import pace_loss
 QUERIES_PER_RANK = 3
 HARD_NEGATIVES = 2  # per query
 INPUT_DIM, EMBED_DIM = 8, 16
-# (similarity, temperature, focal_gamma, weighting): Stage I and Stage II settings, with and without focal, and
-# two of Figure 6(b)'s weightings (random draws differ by rank by design, so it is left out here)
-CASES = [("cos", 0.1, 0.0, "focal"), ("cos", 0.1, 2.0, "focal"), ("dot", 100.0, 0.0, "focal"),
-         ("dot", 100.0, 2.0, "focal"), ("cos", 0.1, 2.0, "query_positive"), ("dot", 100.0, 2.0, "query_negative")]
+# (similarity, temperature, focal_gamma, weighting, soft_labels): Stage I and Stage II settings, with and without
+# focal, two of Figure 6(b)'s weightings (random draws differ by rank by design, so it is left out here), and
+# UniME-V2's judge soft labels (loss.py's eqs. U1-U4) beside the focal loss
+CASES = [("cos", 0.1, 0.0, "focal", "none"), ("cos", 0.1, 2.0, "focal", "none"), ("dot", 100.0, 0.0, "focal", "none"),
+         ("dot", 100.0, 2.0, "focal", "none"), ("cos", 0.1, 2.0, "query_positive", "none"),
+         ("dot", 100.0, 2.0, "query_negative", "none"), ("cos", 0.1, 2.0, "focal", "judge"),
+         ("dot", 100.0, 0.0, "focal", "judge")]
+JUDGE_TEMPERATURE, ALIGNMENT_WEIGHT = 0.05, 0.7
+
+
+def own_candidates():
+    """(Q, 1 + HARD_NEGATIVES) local indices of each local query's own candidates: query i's positive is local
+    candidate i, its hard negatives Q + i * HARD_NEGATIVES + k (the layout of make_global_batch)."""
+    negatives = QUERIES_PER_RANK + torch.arange(QUERIES_PER_RANK)[:, None] * HARD_NEGATIVES \
+        + torch.arange(HARD_NEGATIVES)  # (Q, K)
+    return torch.cat([torch.arange(QUERIES_PER_RANK)[:, None], negatives], dim=1)
+
+
+def judge_scores(world, seed=1):
+    """(world, Q, 1 + HARD_NEGATIVES) scores in [0, 1], the same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(world, QUERIES_PER_RANK, 1 + HARD_NEGATIVES, generator=g)
+
+
+def judge_args(soft_labels, scores):
+    """pace_loss's keyword arguments of a case's soft labels; scores: this rank's (Q, 1 + K) or None."""
+    if soft_labels == "none":
+        return {}
+    return {"soft_labels": soft_labels, "judge_scores": scores, "judge_temperature": JUDGE_TEMPERATURE,
+            "alignment_weight": ALIGNMENT_WEIGHT}
 
 
 def make_global_batch(world, seed=0):
@@ -50,20 +76,24 @@ def main(out_dir):
     encoder.load_state_dict(encoder_state)
     targets = torch.arange(QUERIES_PER_RANK)  # local: query i's positive is local candidate i
 
+    scores = judge_scores(world)
     results = {"world": world, "encoder_state": encoder_state, "query_inputs": query_inputs,
-               "candidate_inputs": candidate_inputs, "cases": {}}
-    for similarity, temperature, focal_gamma, weighting in CASES:
+               "candidate_inputs": candidate_inputs, "judge_scores": scores, "cases": {}}
+    for similarity, temperature, focal_gamma, weighting, soft_labels in CASES:
         encoder.zero_grad()
         q = encoder(query_inputs[rank])  # (Q, D)
         c = encoder(candidate_inputs[rank])  # (M, D)
+        extra = judge_args(soft_labels, scores[rank])
+        if extra:
+            extra["own_candidates"] = own_candidates()
         loss, stats = pace_loss(q, c, targets, similarity=similarity, temperature=temperature,
-                                focal_gamma=focal_gamma, focal_temperature=0.1, weighting=weighting)
+                                focal_gamma=focal_gamma, focal_temperature=0.1, weighting=weighting, **extra)
         loss.backward()
         grads = {}
         for name, p in encoder.named_parameters():  # emulate FSDP/DDP: average over ranks
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             grads[name] = p.grad / world
-        results["cases"][(similarity, temperature, focal_gamma, weighting)] = {
+        results["cases"][(similarity, temperature, focal_gamma, weighting, soft_labels)] = {
             "loss": loss.item(), "stats": stats, "grads": grads}
 
     # ranks with different candidate counts: every rank must raise, none may hang

@@ -1,7 +1,8 @@
 """
 Tests of loss.py: pace_loss against a slow loop over eqs. (1)-(7), InfoNCE at gamma = 0, the
-stop-gradient on the focal weight (eq. 5), no radial gradient under cosine (eq. 8), and two
-gloo ranks against one process (tests/dist_loss_check.py).
+stop-gradient on the focal weight (eq. 5), no radial gradient under cosine (eq. 8), UniME-V2's judge
+alignment (eqs. U1-U4) against a float64 loop, and two gloo ranks against one process
+(tests/dist_loss_check.py).
 
     python -m pytest -q tests/test_loss.py
 """
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from loss import collapsed, pace_loss, similarity_matrix
+from tests import dist_loss_check
 
 REPO = Path(__file__).resolve().parents[1]
 FOCAL_TEMPERATURE = 0.1
@@ -218,6 +220,94 @@ def test_collapsed_embeddings_are_told_apart_from_healthy_ones():
             assert collapsed(stats) == want, (name, similarity, stats["logit_spread"])
 
 
+def own_candidates_of(n, hard_negatives):
+    """(n, 1 + K) indices of each query's own candidates in random_batch's c: its positive i, then its K negatives
+    n + i * K + k."""
+    return torch.cat([torch.arange(n)[:, None], n + torch.arange(n)[:, None] * hard_negatives
+                      + torch.arange(hard_negatives)], dim=1)
+
+
+HAND_JUDGE = torch.tensor([[0.97, 0.10, 0.55, 0.30], [0.80, 0.85, 0.05, 0.20], [0.60, 0.02, 0.03, 0.90],
+                           [0.99, 0.50, 0.49, 0.51], [0.40, 0.00, 1.00, 0.25]], dtype=torch.float64)  # (5, 1 + 3)
+
+
+def reference_alignment(q, c, own, judge, similarity, temperature, judge_temperature):
+    """Eqs. (U1)-(U3) of loss.py written out one query and one candidate at a time, float64. -> (N,) A_i"""
+    def score(u, v):
+        return torch.dot(u, v) / (u.norm() * v.norm()) if similarity == "cos" else torch.dot(u, v)
+
+    terms = []
+    for i in range(q.shape[0]):
+        logits = torch.stack([score(q[i], c[int(j)]) for j in own[i]]) / temperature
+        model = torch.exp(logits) / torch.exp(logits).sum()  # Q_i, eq. (U2)
+        labels = torch.exp(judge[i] / judge_temperature) / torch.exp(judge[i] / judge_temperature).sum()  # P_i, (U1)
+        kl_pq = sum(labels[k] * torch.log(labels[k] / model[k]) for k in range(len(labels)))
+        kl_qp = sum(model[k] * torch.log(model[k] / labels[k]) for k in range(len(labels)))
+        terms.append(0.5 * (kl_pq + kl_qp))  # eq. (U3)
+    return torch.stack(terms)
+
+
+@pytest.mark.parametrize("similarity,temperature,focal_gamma", [("cos", 0.1, 2.0), ("dot", 100.0, 0.0)])
+def test_judge_alignment_matches_loop_reference(similarity, temperature, focal_gamma):
+    q, c, targets = random_batch(similarity, temperature, seed=9)
+    own = own_candidates_of(5, 3)
+    loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE,
+                            soft_labels="judge", judge_scores=HAND_JUDGE, own_candidates=own, judge_temperature=0.05,
+                            alignment_weight=0.7)
+    focal, _ = reference_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
+    alignment = reference_alignment(q, c, own, HAND_JUDGE, similarity, temperature, 0.05)
+    expected = focal + 0.7 * alignment.mean()  # eq. (U4)
+    assert alignment.min() > 0.05  # the term is really there, for every query
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    got, want = torch.autograd.grad(loss, (q, c)), torch.autograd.grad(expected, (q, c), retain_graph=True)
+    without = torch.autograd.grad(focal, (q, c))
+    for g, w, plain in zip(got, want, without):
+        scale = w.abs().max().item()
+        assert torch.allclose(g.double(), w, rtol=1e-4, atol=1e-5 * scale)
+        assert not torch.allclose(w, plain, rtol=1e-2, atol=1e-3 * scale)  # and it moves the gradient
+    assert stats["alignment"] == pytest.approx(alignment.mean().item(), rel=1e-5)
+    assert stats["infonce"] == pytest.approx(focal.item(), rel=1e-5)
+    assert stats["loss"] == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_judge_alignment_is_zero_when_the_judge_agrees_and_off_by_default():
+    q, c, targets = random_batch("cos", 0.1, seed=10)
+    own = own_candidates_of(5, 3)
+    plain, plain_stats = pace_loss(q, c, targets, "cos", 0.1, 2.0)
+    plain_grads = torch.autograd.grad(plain, (q, c))
+    # lambda = 0: today's loss and gradient, bit for bit
+    zero, _ = pace_loss(q, c, targets, "cos", 0.1, 2.0, soft_labels="judge", judge_scores=HAND_JUDGE,
+                        own_candidates=own, alignment_weight=0.0)
+    assert zero.item() == plain.item()
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(zero, (q, c)), plain_grads))
+    assert "alignment" not in plain_stats
+    # a judge whose scores / tau_j are the model's logits (up to a shift) leaves nothing to align
+    agreeing = (similarity_matrix(q, c, "cos").gather(1, own) / 0.1 * 0.05 + 0.3).detach()
+    loss, stats = pace_loss(q, c, targets, "cos", 0.1, 2.0, soft_labels="judge", judge_scores=agreeing,
+                            own_candidates=own, judge_temperature=0.05)
+    assert stats["alignment"] == pytest.approx(0.0, abs=1e-6)
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
+
+
+def test_judge_arguments_are_checked():
+    q, c, targets = random_batch("cos", 0.1, seed=11)
+    own = own_candidates_of(5, 3)
+    with pytest.raises(ValueError, match="soft_labels must be"):
+        pace_loss(q, c, targets, soft_labels="teacher")
+    with pytest.raises(ValueError, match="needs judge_scores"):
+        pace_loss(q, c, targets, soft_labels="judge")
+    with pytest.raises(ValueError, match="only with soft_labels='judge'"):
+        pace_loss(q, c, targets, judge_scores=HAND_JUDGE, own_candidates=own)
+    with pytest.raises(ValueError, match="its target"):
+        pace_loss(q, c, targets, soft_labels="judge", judge_scores=HAND_JUDGE, own_candidates=own.flip(1))
+    with pytest.raises(ValueError, match="shaped like own_candidates"):
+        pace_loss(q, c, targets, soft_labels="judge", judge_scores=HAND_JUDGE[:, :3], own_candidates=own)
+    outside = own.clone()
+    outside[0, 1] = c.shape[0]
+    with pytest.raises(ValueError, match="index the local candidates"):
+        pace_loss(q, c, targets, soft_labels="judge", judge_scores=HAND_JUDGE, own_candidates=outside)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -240,14 +330,21 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     query_inputs, candidate_inputs = ranks[0]["query_inputs"], ranks[0]["candidate_inputs"]
     queries_per_rank, candidates_per_rank = query_inputs.shape[1], candidate_inputs.shape[1]
     targets = torch.cat([torch.arange(queries_per_rank) + r * candidates_per_rank for r in range(world)])
-    for (similarity, temperature, focal_gamma, weighting), case0 in ranks[0]["cases"].items():
-        cases = [rank["cases"][(similarity, temperature, focal_gamma, weighting)] for rank in ranks]
+    own = torch.cat([dist_loss_check.own_candidates() + r * candidates_per_rank for r in range(world)])  # global c
+    for key, case0 in ranks[0]["cases"].items():
+        similarity, temperature, focal_gamma, weighting, soft_labels = key
+        cases = [rank["cases"][key] for rank in ranks]
         encoder.zero_grad()
         q = encoder(query_inputs.flatten(0, 1))  # (world*Q, D)
         c = encoder(candidate_inputs.flatten(0, 1))  # (world*M, D)
-        loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE, weighting)
+        extra = dist_loss_check.judge_args(soft_labels, ranks[0]["judge_scores"].flatten(0, 1))
+        extra.update({"own_candidates": own} if extra else {})
+        loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE, weighting,
+                                **extra)
         loss.backward()
-        label = f"{similarity} tau={temperature} gamma={focal_gamma} {weighting}"
+        label = f"{similarity} tau={temperature} gamma={focal_gamma} {weighting} soft_labels={soft_labels}"
+        if soft_labels == "judge":  # the alignment term is really there, and differs by rank
+            assert stats["alignment"] > 1e-3 and {"infonce", "alignment"} <= case0["stats"].keys(), label
         # rank r returns world * its share of L, so the ranks' mean is L
         assert sum(case["loss"] for case in cases) / world == pytest.approx(loss.item(), rel=1e-5), label
         for case in cases:

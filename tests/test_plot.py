@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 import plot
+import runs
 
 
 def pixels(image):
@@ -198,10 +199,10 @@ def test_stage_two_curves_start_where_stage_two_branched_off(tmp_path):
         (tmp_path / name / "log.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in steps)
                                                    + '{"step": 51, "lo')  # a line still being written
         (tmp_path / name / "config.json").write_text(json.dumps({"init_from": init_from}))
-    assert plot.started_from(str(tmp_path / "stage2" / "log.jsonl"), str(tmp_path / "stage1" / "log.jsonl")) == 100
-    assert plot.started_from(str(tmp_path / "stage1" / "log.jsonl"), str(tmp_path / "stage2" / "log.jsonl")) is None
+    assert runs.started_from(str(tmp_path / "stage2" / "log.jsonl"), str(tmp_path / "stage1" / "log.jsonl")) == 100
+    assert runs.started_from(str(tmp_path / "stage1" / "log.jsonl"), str(tmp_path / "stage2" / "log.jsonl")) is None
     logs = [str(tmp_path / "stage1" / "log.jsonl"), str(tmp_path / "stage2" / "log.jsonl")]
-    records, marks = plot.curve_records(logs)
+    records, marks = runs.curve_records(logs)
     assert [r["step"] for r in records] == list(range(1, 151)) and marks == [(100, "stage2")]
     assert records[100]["loss"] == 1.0 and records[99]["loss"] == 1.0 / 100  # Stage II's step 1 at step 101
     image = plot.training_curves(logs)

@@ -16,12 +16,11 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 import checkpoint
 import runs
-from tests.toyrun import ROOT, assert_same_run, launch, read_log, run_train
+from tests.toyrun import ROOT, assert_same_run, launch, run_train
 
 
 def lines_until(process, pattern, output, timeout=120):
@@ -218,3 +217,16 @@ def test_the_slurm_script_asks_for_the_signal_train_py_handles_and_requeues(tmp_
     stdout, _ = job.communicate(timeout=30)
     assert "SIGUSR1: the time limit is near" in stdout and "requeueing job 77" in stdout
     assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "77"]
+
+
+def test_a_checkpoints_fingerprint_follows_its_weights_not_its_place(tiny_checkpoint, tmp_path):
+    from safetensors.torch import load_file, save_file
+    copy, trained = tmp_path / "copy", tmp_path / "trained"
+    shutil.copytree(tiny_checkpoint, copy)
+    shutil.copytree(tiny_checkpoint, trained)
+    weights = load_file(trained / "model.safetensors")  # the same shape, one tensor trained: the same size on disk
+    name = sorted(weights)[len(weights) // 2]
+    save_file(dict(weights, **{name: weights[name] + 0.01}), trained / "model.safetensors", {"format": "pt"})
+    assert (trained / "model.safetensors").stat().st_size == (copy / "model.safetensors").stat().st_size
+    assert checkpoint.fingerprint(tiny_checkpoint) == checkpoint.fingerprint(str(copy))
+    assert checkpoint.fingerprint(str(trained)) != checkpoint.fingerprint(str(copy))
