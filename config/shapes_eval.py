@@ -1,5 +1,5 @@
 # Evaluate a toy run on the shapes benchmark's ten datasets (Shapes-CLS ... Shapes-GRD-OOD), with geometry.
-#   python data/shapes/prepare.py && python train.py config/shapes_stage1.py && python train.py config/shapes_stage2.py
+#   python -m shapes.prepare && python train.py config/shapes_stage1.py && python train.py config/shapes_stage2.py
 #   python eval.py config/shapes_eval.py                                          # the Stage II export
 #   python eval.py config/shapes_eval.py --init_from=out/shapes_stage1/step_000100  # or any step folder
 # similarity is left '' so each checkpoint is ranked the way it was trained: cos for Stage I, dot for Stage II.

@@ -1,14 +1,15 @@
-# The toy's Stage I: a tiny random Qwen3.5 learns the shapes benchmark on 2 CPU cores in a few minutes.
-#   python data/shapes/prepare.py && python train.py config/shapes_stage1.py
+# The toy's Stage I: a tiny Qwen3.5, pretrained briefly on the toy's training scenes, learns the shapes benchmark
+# on 2 CPU cores in a few minutes.
+#   python -m shapes.prepare && python train.py config/shapes_stage1.py
 # PACE's Stage I recipe (LoRA, cosine, focal), scaled to the toy: fewer, bigger steps.
 out_dir = "out/shapes_stage1"
-init_from = "data/shapes/tiny-qwen3.5"  # written by data/shapes/prepare.py (data/shapes/tiny_model.py)
+init_from = "data/shapes/tiny-qwen3.5"  # python -m shapes.prepare: shapes/tiny_model.py, then shapes/pretrain.py
 train_data = ["data/shapes/train.jsonl"]
 image_dir = "data/shapes/images"
 batch_size = 32
 num_hard_negatives = 3
 max_iters = 150
-learning_rate = 3e-3  # a random tiny model needs far larger steps than a pretrained 0.8B (5e-3 learned less here)
+learning_rate = 3e-3  # the tiny model needs far larger steps than a 0.8B (5e-3 learned less, from a random start)
 lora_rank = 16
 lora_alpha = 32
 max_pixels = 128 * 128

@@ -3,6 +3,7 @@ The toy benchmark: rendered shapes in the two layouts PACE reads, small enough f
 
     python -m shapes.prepare                                        # writes under data/shapes/
     python -m shapes.prepare --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
+    python -m shapes.prepare --no-pretrain                          # the tiny model random, in seconds
 
 Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
 same seed. A scene is a 128 x 128 picture of two or three objects, each a colour (6), a shape (5), a
@@ -21,8 +22,11 @@ Written under out_dir (data/shapes/ by default, git-ignored like all of data/):
   Shapes-{CLS, VQA, T2I, I2T, GRD} (in distribution) and the same five with -OOD (their gold answer
   involves an unseen combination).
 - images/: every image; the paths in both files are relative to it.
-- tiny-qwen3.5/: the command line also writes the tiny random Qwen3.5 that config/shapes_*.py start
-  from (tiny_model.make_tiny_checkpoint; --no-tiny_checkpoint skips it).
+- tiny-qwen3.5/: the command line also writes the tiny Qwen3.5 that config/shapes_*.py start from:
+  random (tiny_model.make_tiny_checkpoint, its final norm weight spread by tiny_model.FINAL_NORM_STD, so the
+  embedding norms vary across items), then pretrained for about two minutes by captioning the training scenes
+  (shapes/pretrain.py; it never sees an UNSEEN pair). --no-pretrain keeps it random (seconds);
+  --no-tiny_checkpoint writes no model.
 
 Queries carry the paper's task instructions (Table 5, mmeb.PAPER_INSTRUCTIONS); grounding, absent from Table 5,
 uses MMEB's.
@@ -294,7 +298,7 @@ def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, im
     return {"train": os.path.join(out_dir, "train.jsonl"), "eval": eval_dir, "images": image_dir}
 
 
-if __name__ == "__main__":
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "data", "shapes"), help="default: data/shapes")
@@ -305,9 +309,28 @@ if __name__ == "__main__":
     parser.add_argument("--image_size", type=int, default=128, help="pixels; 128 = a 2 x 2 grid of 64-pixel cells")
     parser.add_argument("--tiny_checkpoint", action=argparse.BooleanOptionalAction, default=True,
                         help="also write out_dir/tiny-qwen3.5, the model config/shapes_*.py start from")
-    args = parser.parse_args()
+    parser.add_argument("--final_norm_std", type=float, default=None,
+                        help="spread of the tiny model's final norm weight (default: tiny_model.FINAL_NORM_STD)")
+    parser.add_argument("--pretrain", action=argparse.BooleanOptionalAction, default=True,
+                        help="pretrain the tiny model on the training scenes (shapes/pretrain.py, about 2 minutes); "
+                             "--no-pretrain keeps it random")
+    parser.add_argument("--pretrain_steps", type=int, default=None, help="default: pretrain.EPOCHS epochs")
+    args = parser.parse_args(argv)
     paths = prepare(args.out_dir, args.seed, args.num_train, args.num_eval, args.num_candidates, args.image_size)
     print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets) and {paths['images']}/")
     if args.tiny_checkpoint:
-        from shapes.tiny_model import make_tiny_checkpoint
-        print(f"wrote {make_tiny_checkpoint(os.path.join(args.out_dir, 'tiny-qwen3.5'), seed=args.seed)}")
+        from shapes import pretrain
+        from shapes.tiny_model import FINAL_NORM_STD, make_tiny_checkpoint
+        spread = FINAL_NORM_STD if args.final_norm_std is None else args.final_norm_std
+        stale = os.path.join(args.out_dir, "tiny-qwen3.5", pretrain.RECORD)  # an earlier pretraining's record
+        if os.path.exists(stale):
+            os.remove(stale)
+        folder = make_tiny_checkpoint(os.path.join(args.out_dir, "tiny-qwen3.5"), seed=args.seed, final_norm_std=spread)
+        print(f"wrote {folder} (random, final norm weight std {spread:g})")
+        if args.pretrain:
+            pretrain.pretrain(folder, paths["train"], paths["images"], steps=args.pretrain_steps, seed=args.seed)
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -88,7 +88,8 @@ METHODS = {  # name: (label, its Stage I run, its Stage II settings over config/
 }
 FIGURE = ("vlm2vec", "direct_dot", "pace")  # cosine training, direct dot training, PACE
 METRICS = (("overall", "P@1 overall", 1), ("IND", "IND", 1), ("OOD", "OOD", 1),
-           ("norm_cos_pearson_r", "r(log norm product, cos)", 2), ("random_pair_mean_cos", "random-pair cos", 2))
+           ("norm_cos_pearson_r", "r(log norm product, cos)", 2), ("r2_2", "R² norm from direction, k=2", 2),
+           ("r2_10", "k=10", 2), ("random_pair_mean_cos", "random-pair cos", 2))
 STARTUP_COST, EVAL_COST = 10, 25  # a process's start and an evaluation take about as long as this many steps
 
 
@@ -104,9 +105,10 @@ def parse_args(argv=None):
     parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "shapes"),
                         help="the toy data and tiny model (shapes/prepare.py writes them there when missing)")
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--start_step", type=int, default=40, help="Stage II starts from this step of Stage I")
-    parser.add_argument("--stage2_steps", type=int, default=60, help="Stage II's steps; every method trains "
-                                                                     "start_step + stage2_steps in all")
+    parser.add_argument("--start_step", type=int, default=100, help="Stage II starts from this step of Stage I (the "
+                                                                    "main job's: shapes_stage2.py's init_from)")
+    parser.add_argument("--stage2_steps", type=int, default=100, help="Stage II's steps; every method trains "
+                                                                      "start_step + stage2_steps in all")
     parser.add_argument("--parallel", type=int, default=2, help="jobs at a time, one torch thread each")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.methods) - set(METHODS))
@@ -204,8 +206,9 @@ def run_jobs(jobs, parallel):
 def metrics(result):
     """eval.py's JSON -> the table's numbers; None where it has none (r when every norm is the same)."""
     geometry = result.get("geometry") or {}
+    r2 = geometry.get("norm_from_direction_r2") or {}
     return {"overall": result["overall"], "IND": result["IND"], "OOD": result["OOD"],
-            "norm_cos_pearson_r": geometry.get("norm_cos_pearson_r"),
+            "norm_cos_pearson_r": geometry.get("norm_cos_pearson_r"), "r2_2": r2.get("2"), "r2_10": r2.get("10"),
             "random_pair_mean_cos": geometry.get("random_pair_mean_cos")}
 
 
@@ -248,8 +251,10 @@ def markdown(table, scale):
     for row in table.values():
         lines.append(f"| {row['label']} | " + " | ".join(cell(row[key], digits) for key, _, digits in METRICS)
                      + f" | {len(row['seeds'])} |")
-    lines += ["", "r: Pearson r of the standardised log(|q| |c+|) against cos(q, c+) over matched pairs; '–' where "
-              "every embedding has the same norm. Random-pair cos: the mean cosine of random query-candidate pairs."]
+    lines += ["", "r: Pearson r of the standardised log(|q| |c+|) against cos(q, c+) over matched pairs; R²: the "
+              "cross-validated fit of the standardised log norm on the first k principal components of the directions "
+              "(diagnostics.py); '–' where every embedding has the same norm. Random-pair cos: the mean cosine of "
+              "random query-candidate pairs."]
     return "\n".join(lines) + "\n"
 
 

@@ -3,18 +3,34 @@ tiny_model.py: a tiny random Qwen3.5 in the file layout of a real release, for t
 
     python -m shapes.prepare                          # writes data/shapes/tiny-qwen3.5 with the toy data
     from shapes.tiny_model import make_tiny_checkpoint
-    make_tiny_checkpoint("/tmp/tiny-qwen3.5", seed=0)
+    make_tiny_checkpoint("/tmp/tiny-qwen3.5", seed=0)                       # final norm uniform: every norm 8
+    make_tiny_checkpoint("/tmp/tiny-qwen3.5", seed=0, final_norm_std=0.15)  # norms vary with direction, as a release's
 
 Four decoder layers (three Gated DeltaNet, one full attention, the ratio of the real 0.8B and 2B), a
 two-block vision tower, width 64, and a byte-level BPE tokenizer of 1,024 tokens with Qwen's special tokens.
 It loads through exactly the path a release does (model.Embedder.from_pretrained, plain transformers), so
 every test exercises the real code. The weights are random, but chosen so a few minutes of training on a
-CPU can learn the toy benchmark (see the comments in make_tiny_checkpoint).
+CPU can learn the toy benchmark (see the comments in make_tiny_checkpoint); shapes/pretrain.py then pretrains
+it briefly on the toy's training scenes (python -m shapes.prepare does both).
+
+The final RMSNorm sets the embedding's norm. Qwen3.5's is zero-centred, e = sqrt(D) (1 + w) * x / |x| (up to its
+eps), so |e| depends on the input only through its direction, and with w = 0 (transformers' init, and this
+function's default) every embedding has norm sqrt(D) = 8. A trained model's weight is not uniform:
+final_norm_std draws w from N(0, final_norm_std^2), so the norms vary across items before any contrastive
+training. FINAL_NORM_STD is the toy's choice, 0.15: the relative spread std/mean of the final norm's gain in
+the one trained Qwen-family checkpoint whose statistics we found (Qwen2.5-0.5B-Instruct's output_norm, in a
+third-party dump of its GGUF file, github.com/veighnsche/llama-orch, bin/worker-orcd/investigation-teams/
+TEAM_VAN_GOGH_WEIGHT_RESOLUTION.md: mean 7.14, std 1.10, i.e. 0.155; its outliers, from 0 to 2.3x the mean,
+are not modelled; no figures were found for Qwen3.5 itself). The toy's
+brief pretraining hardly moves w (from w = 0 its 297 steps leave a std of 0.012, and the embedding norms of
+the evaluation items a coefficient of variation of 0.0009), so the spread is set here.
 """
 import json
 import os
 
 import torch
+
+FINAL_NORM_STD = 0.15  # the toy's spread of the final norm's weight w (the gain is 1 + w); see above
 
 TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                        "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
@@ -41,9 +57,11 @@ def _tiny_tokenizer(vocab_size=1024):
     return tokenizer
 
 
-def make_tiny_checkpoint(out_dir, seed=0):
+def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0):
     """Write a tiny random Qwen3.5 (text and vision; Gated DeltaNet and full-attention layers) with a
-    byte-level BPE tokenizer into out_dir, in the file layout of a Qwen3.5-0.8B-Base release. -> out_dir"""
+    byte-level BPE tokenizer into out_dir, in the file layout of a Qwen3.5-0.8B-Base release. final_norm_std:
+    the final RMSNorm's weight w ~ N(0, final_norm_std^2) (0: uniform, every embedding's norm sqrt(D); the
+    weights are then those of earlier versions, bit for bit). -> out_dir"""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
     from transformers import PreTrainedTokenizerFast
     os.makedirs(out_dir, exist_ok=True)
@@ -81,6 +99,8 @@ def make_tiny_checkpoint(out_dir, seed=0):
                 # the one full-attention layer; A in [0.005, 0.05] remembers tens of tokens, and two
                 # pictures of different colours then give cos 0.95, not 0.999 (tests/test_model.py).
                 param.copy_(torch.empty_like(param).uniform_(0.005, 0.05).log())
+        if final_norm_std:  # drawn last, so the other weights do not depend on it
+            model.model.language_model.norm.weight.normal_(0.0, final_norm_std)  # (D,): the gain is 1 + w
     model.save_pretrained(out_dir)
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                             unk_token=None).save_pretrained(out_dir)

@@ -10,16 +10,18 @@ from common import UserError
 from shapes import study
 
 
-def fake_eval(path, overall, ind, ood, r, cos):
+def fake_eval(path, overall, ind, ood, r, cos, r2=(None, None)):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"overall": overall, "IND": ind, "OOD": ood,
-                   "geometry": {"norm_cos_pearson_r": r, "random_pair_mean_cos": cos}}, f)
+                   "geometry": {"norm_cos_pearson_r": r, "random_pair_mean_cos": cos,
+                                "norm_from_direction_r2": {"2": r2[0], "10": r2[1]}}}, f)
 
 
 def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
     for seed, overall, r in ((1, 20.0, -0.5), (2, 30.0, None), (3, 40.0, -0.7)):
-        fake_eval(study.eval_path(str(tmp_path), seed, "pace"), overall, overall + 5, overall - 5, r, 0.1 * seed)
+        fake_eval(study.eval_path(str(tmp_path), seed, "pace"), overall, overall + 5, overall - 5, r, 0.1 * seed,
+                  (0.1 * seed, 0.9))
         fake_eval(study.eval_path(str(tmp_path), seed, "vlm2vec"), 10.0, 10.0, 10.0, None, 0.5)
     fake_eval(study.eval_path(str(tmp_path), 1, "direct_dot"), 15.0, 16.0, 14.0, -0.8, 0.9)  # one seed only
     table = study.summarise(str(tmp_path), [1, 2, 3], ["pace", "vlm2vec", "direct_dot"])
@@ -32,9 +34,10 @@ def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
     assert table["vlm2vec"]["overall"]["std"] == 0.0 and table["vlm2vec"]["norm_cos_pearson_r"]["mean"] is None
     assert table["direct_dot"]["seeds"] == [1] and table["direct_dot"]["overall"]["std"] is None
     text = study.markdown(table, {"batch_size": 16, "start_step": 40, "stage2_steps": 60})
-    assert "| PACE | 30.0 ± 10.0 | 35.0 ± 10.0 | 25.0 ± 10.0 | -0.60 ± 0.14 | 0.20 ± 0.10 | 3 |" in text
-    assert "| VLM2Vec (cos, LoRA, InfoNCE) | 10.0 ± 0.0 | 10.0 ± 0.0 | 10.0 ± 0.0 | – | 0.50 ± 0.00 | 3 |" in text
-    assert "| direct dot (dot, full, InfoNCE) | 15.0 | 16.0 | 14.0 | -0.80 | 0.90 | 1 |" in text
+    assert "| PACE | 30.0 ± 10.0 | 35.0 ± 10.0 | 25.0 ± 10.0 | -0.60 ± 0.14 | 0.20 ± 0.10 | 0.90 ± 0.00 | 0.20 ± 0.10 | 3 |" \
+        in text
+    assert "| VLM2Vec (cos, LoRA, InfoNCE) | 10.0 ± 0.0 | 10.0 ± 0.0 | 10.0 ± 0.0 | – | – | – | 0.50 ± 0.00 | 3 |" in text
+    assert "| direct dot (dot, full, InfoNCE) | 15.0 | 16.0 | 14.0 | -0.80 | – | – | 0.90 | 1 |" in text
 
 
 def test_jobs_share_stage1_runs_and_follow_the_paper():
@@ -44,11 +47,11 @@ def test_jobs_share_stage1_runs_and_follow_the_paper():
     flags = {job["name"]: dict(a[2:].split("=", 1) for a in job["command"] if a.startswith("--")) for job in jobs}
     pace_stage1, pace = flags["seed 5 Stage I cos_lora_focal"], flags["seed 5 Stage II pace"]
     assert (pace_stage1["similarity"], pace_stage1["temperature"], pace_stage1["lora_rank"]) == ("cos", "0.1", "16")
-    assert (pace_stage1["max_iters"], pace_stage1["keep_checkpoints"], pace_stage1["seed"]) == ("100", "[40]", "5")
+    assert (pace_stage1["max_iters"], pace_stage1["keep_checkpoints"], pace_stage1["seed"]) == ("200", "[100]", "5")
     assert (pace["similarity"], pace["temperature"], pace["lora_rank"]) == ("dot", "6.4", "0")
     assert (pace["learning_rate"], pace_stage1["learning_rate"]) == ("0.0005", "0.003")  # full vs LoRA, as the toy
-    assert pace["init_from"].endswith("stage1_cos_lora_focal/step_000040") and pace["max_iters"] == "60"
-    assert flags["seed 5 Stage II no_focal"]["init_from"].endswith("stage1_cos_lora_plain/step_000040")
+    assert pace["init_from"].endswith("stage1_cos_lora_focal/step_000100") and pace["max_iters"] == "100"
+    assert flags["seed 5 Stage II no_focal"]["init_from"].endswith("stage1_cos_lora_plain/step_000100")
     assert flags["seed 5 Stage I dot_full_plain"]["focal_gamma"] == "0.0"
     assert flags["seed 5 eval pace"]["init_from"].endswith("stage2_pace/export")
 
