@@ -5,7 +5,7 @@ search.py: nanoGPT's sample.py for embeddings. Embed a collection once into a ve
         --vectors=out/shapes_t2i.safetensors
     python search.py --init_from=out/shapes_stage2/export --vectors=out/shapes_t2i.safetensors --top_k=5 \\
         --sheet=out/search.png \\
-        --query_text="Retrieve an image that best matches the following description. a small red circle at the top left"
+        --query_text="Retrieve an image that best matches the following description. a small orange triangle at the top left and a large green circle at the bottom right"
 
 Indexing reads any of: a folder of images (searched recursively), a text file (one item per non-empty line), a
 JSONL file (objects with "text" and/or "image", relative to the file's folder, and an optional "id"). Ids: the

@@ -2,7 +2,7 @@
 The toy study: PACE against the VLM2Vec baseline, direct dot-product training, its ablations and the reversed
 schedules on the shapes benchmark, over several seeds, in one command on 2 CPU cores: one table, one figure.
 
-    python -m shapes.study                                               # 3 seeds, about 20 minutes on 2 cores
+    python -m shapes.study                                               # 3 seeds, about 48 minutes on 2 cores
     python -m shapes.study --seeds=1337,1338,1339,1340,1341 --out_dir=out/study5
     python -m shapes.study --methods=pace,vlm2vec --seeds=1337           # a subset
 

@@ -355,7 +355,8 @@ def test_judged_rows_carry_their_scores_to_each_querys_own_candidates(toy, judge
 
 def test_unime_v2_training_runs_on_the_judged_rows_and_evaluates(toy, judged, tmp_path):
     out = str(tmp_path / "unime")
-    command = [sys.executable, "train.py", "config/shapes_unime_v2.py", f"--init_from={toy['tiny']}",
+    command = [sys.executable, "train.py", "config/shapes_stage1.py", "config/shapes_unime_v2.py",
+               f"--init_from={toy['tiny']}",
                f"--train_data={judged['out']}", f"--image_dir={toy['images']}", f"--out_dir={out}", "--max_iters=2",
                "--batch_size=8", f"--num_hard_negatives={K}", "--log_interval=1", "--num_workers=0",
                f"--max_pixels={MAX_PIXELS}", "--checkpoint_interval=2"]

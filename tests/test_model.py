@@ -211,3 +211,14 @@ def test_from_pretrained_freezes_vision_and_loads_in_transformers(tiny_checkpoin
                                tiny_embedder.model.language_model.layers[0].mlp.up_proj.weight)
     with pytest.raises(UserError, match="no config.json"):
         Embedder.from_pretrained(str(tmp_path))
+
+
+def test_importing_model_drops_transformers_kernel_fallback_warnings():
+    import logging
+    import model
+    logger = logging.getLogger("transformers.integrations.hub_kernels")
+    fallback = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, "falling back to its reference PyTorch "
+                                 "implementation", None, None)
+    other = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, "something else", None, None)
+    assert any(isinstance(f, model.HideKernelFallbackWarning) for f in logger.filters)  # also for the Python API
+    assert not logger.filter(fallback) and logger.filter(other)
