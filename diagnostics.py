@@ -59,29 +59,35 @@ def pearson(x, y):
     return float((x * y).sum() / (x.norm() * y.norm()))
 
 
-def norm_from_direction_r2(embeddings, k, folds=FOLDS, seed=0):
+def norm_from_direction_r2(embeddings, components=COMPONENTS, folds=FOLDS, seed=0):
     """Cross-validated R^2 of a least-squares fit (with intercept) of the standardised log norm of embeddings (N, D)
-    on the first k principal components of their l2-normalised directions, the PCA fitted on each training fold
-    alone. R^2 = 1 - sum (y - y_out_of_fold)^2 / sum (y - mean y)^2, pooled over the folds. None when every norm is
-    the same (nothing to predict) or there are too few points for k components."""
+    on the first k principal components of their l2-normalised directions, for each k in components, the PCA fitted
+    on each training fold alone (one SVD a fold serves every k). R^2 = 1 - sum (y - y_out_of_fold)^2 /
+    sum (y - mean y)^2, pooled over the folds. -> {str(k): R^2}, None where every norm is the same (nothing to
+    predict) or there are too few points for k components."""
     x = embeddings.double()
     norms = x.norm(dim=1)
-    if equal_norms(norms) or len(x) < folds * (k + 2):
-        return None
+    fitted = [k for k in components if not equal_norms(norms) and len(x) >= folds * (k + 2)]
+    results = {str(k): None for k in components}
+    if not fitted:
+        return results
     target = norms.log()
     target = (target - target.mean()) / target.std()  # (N,) standardised log norm
     directions = F.normalize(x, dim=1)  # (N, D)
     fold = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed)) % folds  # (N,) fold of each point
-    predicted = torch.empty_like(target)
+    predicted = {k: torch.empty_like(target) for k in fitted}
     for f in range(folds):
         train, test = fold != f, fold == f
         mean = directions[train].mean(0)
         _, _, v_transposed = torch.linalg.svd(directions[train] - mean, full_matrices=False)
-        basis = v_transposed[:k].T  # (D, k)
-        design = lambda rows: F.pad((directions[rows] - mean) @ basis, (1, 0), value=1.0)  # noqa: E731 - (n, 1 + k)
-        coefficients = torch.linalg.lstsq(design(train), target[train, None]).solution  # (1 + k, 1)
-        predicted[test] = (design(test) @ coefficients)[:, 0]
-    return float(1 - ((target - predicted) ** 2).sum() / ((target - target.mean()) ** 2).sum())
+        for k in fitted:
+            basis = v_transposed[:k].T  # (D, k)
+            design = lambda rows: F.pad((directions[rows] - mean) @ basis, (1, 0), value=1.0)  # noqa: E731 - (n, 1 + k)
+            coefficients = torch.linalg.lstsq(design(train), target[train, None]).solution  # (1 + k, 1)
+            predicted[k][test] = (design(test) @ coefficients)[:, 0]
+    for k in fitted:
+        results[str(k)] = float(1 - ((target - predicted[k]) ** 2).sum() / ((target - target.mean()) ** 2).sum())
+    return results
 
 
 def norm_stats(norms):
@@ -95,14 +101,16 @@ def describe(numbers):
     """One line of summary()'s numbers, for the console."""
     norms = numbers["query_norm"]
     text = (f"all norms {norms['mean']:.2f} (r and R^2 undefined)" if numbers["all_norms_equal"] else
-            f"r {numbers['norm_cos_pearson_r']:.3f}, norm-from-direction R^2 (k=2) "
-            f"{format_r2(numbers['norm_from_direction_r2']['2'])}, (k=10) {format_r2(numbers['norm_from_direction_r2']['10'])}")
+            f"r {format_number(numbers['norm_cos_pearson_r'], 3)}, norm-from-direction R^2 (k=2) "
+            f"{format_number(numbers['norm_from_direction_r2']['2'])}, (k=10) "
+            f"{format_number(numbers['norm_from_direction_r2']['10'])}")
     return (text + f", random-pair cos {numbers['random_pair_mean_cos']:.3f} (mean over "
             f"{numbers['num_random_pairs']:,} sampled pairs)")
 
 
-def format_r2(value):
-    return "-" if value is None else f"{value:.2f}"
+def format_number(value, digits=2):
+    """A number of summary() for print; "-" where it is undefined (None)."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def summary(samples, max_points=5000, title=""):
@@ -129,7 +137,7 @@ def summary(samples, max_points=5000, title=""):
     is_query = [i < len(queries) for i in range(len(points))]
     keep = torch.randperm(len(log_product), generator=torch.Generator().manual_seed(1))[:max_points]
     numbers = {"norm_cos_pearson_r": r, "num_matched_pairs": len(log_product), "all_norms_equal": all_equal,
-               "norm_from_direction_r2": {str(k): norm_from_direction_r2(sampled, k) for k in COMPONENTS},
+               "norm_from_direction_r2": norm_from_direction_r2(sampled),
                "random_pair_mean_cos": float(directions_q.mean(0) @ directions_c.mean(0)),
                "num_random_pairs": len(queries) * len(candidates),
                "query_norm": norm_stats(pooled["query_norms"]), "candidate_norm": norm_stats(pooled["candidate_norms"]),
@@ -158,10 +166,10 @@ def picture(numbers, title):
     else:
         matched = plot.scatter(numbers["pairs"]["standardised_log_norm_product"], numbers["pairs"]["cos_positive"],
                                title="matched pairs", x_label="standardised log(|q| |c+|)", y_label="cos(q, c+)",
-                               note=f"r = {numbers['norm_cos_pearson_r']:.2f}")
+                               note=f"r = {format_number(numbers['norm_cos_pearson_r'])}")
     pca = plot.scatter(numbers["pca"]["x"], numbers["pca"]["y"], colour=numbers["pca"]["norm_percentile"],
                        equal_axes=True, marker=["circle" if q else "triangle" for q in numbers["pca"]["is_query"]],
-                       title=f"PCA; norm from direction R^2 {format_r2(r2['2'])} (k=2), {format_r2(r2['10'])} (k=10)",
+                       title=f"PCA; norm from direction R^2 {format_number(r2['2'])} (k=2), {format_number(r2['10'])} (k=10)",
                        x_label=f"PC1 {100 * explained[0]:.0f}%", y_label=f"PC2 {100 * explained[1]:.0f}%",
                        note=(f"all norms {norm:.2f}; " if numbers["all_norms_equal"] else "colour: norm percentile; ")
                        + "o query, ^ candidate")

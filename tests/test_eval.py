@@ -254,6 +254,30 @@ def test_geometry_by_hand():
     assert picture.size == plot.grid_size(3, 3, (420, 380))
 
 
+def test_norm_from_direction_r2():
+    # the paper's "magnitude predictable from direction alone", measured: directions on a circle in the first two
+    # coordinates (the first two principal components), norms exp(2 cos t + sin t), linear in those coordinates
+    generator = torch.Generator().manual_seed(0)
+    angle = torch.rand(400, generator=generator) * 2 * math.pi
+    noise = 0.01 * torch.randn(400, 14, generator=generator)
+    directions = torch.nn.functional.normalize(torch.cat([torch.stack([angle.cos(), angle.sin()], 1), noise], 1), dim=1)
+    tied = directions * (2 * directions[:, :1] + directions[:, 1:2]).exp()  # (400, 16)
+    r2 = diagnostics.norm_from_direction_r2(tied)
+    assert set(r2) == {"2", "10"} and r2["2"] > 0.99 and r2["10"] > 0.99
+    # norms drawn independently of the direction: nothing to predict out of fold
+    free = torch.randn(400, 16, generator=generator)
+    free = torch.nn.functional.normalize(free, dim=1) * torch.randn(400, 1, generator=generator).exp()
+    r2 = diagnostics.norm_from_direction_r2(free)
+    assert abs(r2["2"]) < 0.05 and abs(r2["10"]) < 0.1
+    few = diagnostics.norm_from_direction_r2(free[:30])  # 30 points: enough for 2 components, too few for 10
+    assert few["2"] is not None and few["10"] is None
+    # norms that vary while r is undefined (every pair's cosine is 1): printed and drawn, not a crash
+    numbers, picture = diagnostics.summary([diagnostics.pairs(tied, tied, tied, 10, generator)])
+    assert numbers["norm_cos_pearson_r"] is None and not numbers["all_norms_equal"]
+    assert diagnostics.describe(numbers).startswith("r -, norm-from-direction R^2 (k=2) 1.00")
+    assert picture.size == plot.grid_size(3, 3, (420, 380))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
