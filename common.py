@@ -97,6 +97,22 @@ def on_rank_zero(function):
     return result[0]
 
 
+def shared_rows(compute, n, rank, world_size):
+    """compute(row indices) -> a tuple of tensors (one row per index), run by rank r on rows r::world_size and
+    gathered, so that every rank ends with all n rows (eval.py's and mine.py's embeddings, mine.py's pools)."""
+    parts = compute(list(range(rank, n, world_size)))
+    if world_size == 1:
+        return parts
+    import torch.distributed as dist
+    shares = [None] * world_size
+    dist.all_gather_object(shares, parts)  # CPU tensors, pickled: no padding to equal sizes needed
+    whole = [torch.empty((n,) + part.shape[1:], dtype=part.dtype) for part in parts]
+    for r, share in enumerate(shares):
+        for tensor, part in zip(whole, share):
+            tensor[r::world_size] = part
+    return tuple(whole)
+
+
 def worker_count(wanted):
     """DataLoader workers: `wanted`, but never more than this process's share of the cores (os.sched_getaffinity,
     divided among torchrun's local ranks), since more only wait on each other and torch warns about them."""

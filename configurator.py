@@ -168,3 +168,10 @@ def check_choice(key, value, allowed):
     if value not in allowed:
         raise UserError(f"{key} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
     return value
+
+
+def check_counts(config, keys):
+    """A UserError naming the first of `keys` (counts: steps, sizes, items) whose value is below 1."""
+    for key in keys:
+        if config[key] < 1:
+            raise UserError(f"{key} must be at least 1, got {config[key]}")

@@ -145,19 +145,13 @@ def distinct_items(rows):
 
 def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1, label=""):
     """Embeddings (N, D) of all items; under torchrun rank r encodes items[r::world_size] and the shares are
-    gathered, so every rank ends with all N. label: rank 0 prints progress under it."""
-    share = items[rank::world_size]
-    mine = torch.empty(0, embedder.dim)  # (n_rank, D)
-    if share:
-        mine = embedder.encode(share, batch_size, num_workers, progress=label if rank == 0 else "")
-    if world_size == 1:
-        return mine
-    shares = [None] * world_size
-    dist.all_gather_object(shares, mine)  # CPU tensors, pickled: no padding to equal sizes needed
-    embeddings = torch.empty(len(items), embedder.dim)
-    for r, part in enumerate(shares):
-        embeddings[r::world_size] = part
-    return embeddings
+    gathered (common.shared_rows), so every rank ends with all N. label: rank 0 prints progress under it."""
+    def encode(indices):
+        share = [items[i] for i in indices]
+        if not share:
+            return (torch.empty(0, embedder.dim),)  # (0, D): a rank with nothing to encode
+        return (embedder.encode(share, batch_size, num_workers, progress=label if rank == 0 else ""),)  # (n_rank, D)
+    return common.shared_rows(encode, len(items), rank, world_size)[0]
 
 
 def candidate_scores(query_emb, cand_emb, cand_index, similarity):
@@ -273,10 +267,7 @@ def evaluate_all(embedder, names, config, similarity, rank, world_size, log, fin
     folder = stem + "_datasets"
     geometry_size = math.ceil(config["geometry_samples"] / len(names)) if config["geometry"] else 0  # spread evenly
     keys = {name: dataset_key(name, config, similarity, fingerprint, geometry_size) for name in names}
-    kept = [kept_results(folder, keys, config["overwrite"]) if rank == 0 else None]
-    if world_size > 1:
-        dist.broadcast_object_list(kept, src=0)  # every rank skips the same datasets
-    kept = kept[0]
+    kept = common.on_rank_zero(lambda: kept_results(folder, keys, config["overwrite"]))  # every rank skips the same
     workers = common.worker_count(config["num_workers"])
     per_dataset, samples = {}, []
     for name in names:

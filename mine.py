@@ -45,7 +45,7 @@ import eval as evaluation
 import loss
 from checkpoint import load_embedder
 from common import UserError
-from model import Embedder, Preprocessor, load_image
+from model import Embedder, Preprocessor, mrope_positions
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
@@ -101,12 +101,14 @@ def retrieve(embeddings, query_index, positive_index, blocks, similarity, pool_s
         share = ((rows >= start) & (rows < end)).nonzero().flatten()  # positions in rows
         pool = positive_index[start:end].unique()  # (P,) the subset's distinct positives, item indices
         candidates, k = embeddings[pool].to(device), min(pool_size, len(pool))
+        compared, unit = loss.compared(candidates, similarity), loss.compared(candidates, "cos")  # (P, D) each, once
+        pool_on_device = pool.to(device)
         for chunk in share.split(max(1, 2**24 // max(1, len(pool)))):  # (b,) about 64 MB of float32 scores
             r = rows[chunk]
-            scores = loss.similarity_matrix(embeddings[query_index[r]].to(device), candidates, similarity)  # (b, P)
-            positives = embeddings[positive_index[r]].to(device)
-            near = loss.similarity_matrix(positives, candidates, "cos") > threshold  # (b, P) near-duplicates
-            near |= pool.to(device)[None, :] == positive_index[r].to(device)[:, None]  # the positive itself
+            scores = loss.compared(embeddings[query_index[r]].to(device), similarity) @ compared.T  # (b, P) eq. 1/2
+            positives = loss.compared(embeddings[positive_index[r]].to(device), "cos")
+            near = positives @ unit.T > threshold  # (b, P) near-duplicates of the positive
+            near |= pool_on_device[None, :] == positive_index[r].to(device)[:, None]  # the positive itself
             top = scores.masked_fill(near, -math.inf).topk(k, dim=1)  # (b, k)
             found = torch.isfinite(top.values).cpu()
             index[chunk, :k] = torch.where(found, pool[top.indices.cpu()], -1)
@@ -114,39 +116,8 @@ def retrieve(embeddings, query_index, positive_index, blocks, similarity, pool_s
     return index, score
 
 
-def shared_rows(compute, n, rank, world):
-    """compute(row indices) -> tuple of tensors (one row each), run on rows rank::world by each rank and gathered,
-    as eval.encode_shared gathers embeddings: every rank ends with all n rows."""
-    parts = compute(list(range(rank, n, world)))
-    if world == 1:
-        return parts
-    shares = [None] * world
-    dist.all_gather_object(shares, parts)  # CPU tensors, pickled
-    whole = [torch.empty((n,) + part.shape[1:], dtype=part.dtype) for part in parts]
-    for r, share in enumerate(shares):
-        for tensor, part in zip(whole, share):
-            tensor[r::world] = part
-    return tuple(whole)
-
-
 # -----------------------------------------------------------------------------
 # the judge
-
-def positions(pieces):
-    """3-D rotary positions (temporal, height, width) of text runs (ints: their lengths) and images ((rows, cols)
-    of merged patches), in order, as Qwen counts them (model.mrope_positions for one image). -> (3, L)"""
-    parts, start = [], 0
-    for piece in pieces:
-        if isinstance(piece, int):
-            parts.append(torch.arange(start, start + piece).expand(3, -1))
-            start += piece
-        else:
-            rows, cols = piece
-            height, width = torch.arange(rows).repeat_interleave(cols), torch.arange(cols).repeat(rows)
-            parts.append(torch.stack([torch.zeros_like(height), height, width]) + start)
-            start += max(rows, cols)
-    return torch.cat(parts, dim=1)
-
 
 def answer_start(tokenizer):
     """The text a chat template puts after a user turn to start the assistant's answer, without thinking."""
@@ -191,26 +162,17 @@ class JudgePrompt:
 
     def side(self, item):
         """-> (ids, position pieces, patches or None, grid (1, 3) or None) of a query or a candidate."""
-        text, image, pre = item.get("text") or "", item.get("image"), self.pre
-        if image is None:
-            ids = pre.text_ids(text, False, 0)[1]
-            return ids, [len(ids)], None, None
-        patches, grid_h, grid_w = pre.patches(load_image(image))
-        count = grid_h * grid_w // pre.merge_size**2
-        before, after = pre.text_ids(text, True, count)
-        ids = before + [pre.vision_start_id] + [pre.image_pad_id] * count + [pre.vision_end_id] + after
-        pieces = [len(before) + 1, (grid_h // pre.merge_size, grid_w // pre.merge_size), len(after) + 1]
-        return ids, pieces, patches, torch.tensor([[1, grid_h, grid_w]])
+        return self.pre.item_tokens(item.get("text") or "", item.get("image"))
 
     def __call__(self, query, candidate):
         try:
             sides = [self.side(query), self.side(candidate)]
-        except ValueError as error:  # an unreadable image, an aspect ratio over 200
+        except ValueError as error:  # an unreadable image, an aspect ratio over 200 (UserErrors naming the image)
             raise UserError(f"judging {query.get('text', '')[:60]!r} against {candidate.get('text', '')[:60]!r}: "
                             f"{error}") from None
         ids = self.head + sides[0][0] + self.middle + sides[1][0] + self.tail
         pieces = [len(self.head)] + sides[0][1] + [len(self.middle)] + sides[1][1] + [len(self.tail)]
-        feature = {"input_ids": torch.tensor(ids, dtype=torch.long), "position_ids": positions(pieces)}
+        feature = {"input_ids": torch.tensor(ids, dtype=torch.long), "position_ids": mrope_positions(pieces)}
         images = [(patches, grid) for _, _, patches, grid in sides if patches is not None]
         if images:
             feature["pixel_values"] = torch.cat([patches for patches, _ in images])  # query's first
@@ -237,24 +199,28 @@ class Judge:
         self.body.to(device).eval()
         self.prompt = JudgePrompt(preprocessor)
         first_token = lambda word: preprocessor.tokenizer(word, add_special_tokens=False)["input_ids"][0]  # noqa: E731
-        self.yes, self.no = first_token("Yes"), first_token("No")
-        if self.yes == self.no:
+        yes, no = first_token("Yes"), first_token("No")
+        if yes == no:
             raise UserError(f"judge_from={path}: its tokenizer starts 'Yes' and 'No' with the same token")
+        lm_head = self.generator.lm_head
+        self.head = lm_head.weight[[yes, no]].detach().float()  # (2, D), in float32 even for a bf16 judge
+        self.bias = None if lm_head.bias is None else lm_head.bias[[yes, no]].detach().float()
 
     @torch.no_grad()
     def score(self, pairs, batch_size, num_workers, label=""):
         """[(query, candidate)] -> (n,) float64 s = e_yes / (e_yes + e_no) of each pair, in input order."""
-        lengths = [sum(self.prompt.pre.num_tokens(x.get("text") or "", x.get("image")) for x in pair) for pair in pairs]
+        measured = {}  # (text, image) -> tokens: a query meets each of its candidates, its length is read once
+        for side in {(x.get("text") or "", x.get("image")) for pair in pairs for x in pair}:
+            measured[side] = self.prompt.pre.num_tokens(*side)
+        lengths = [sum(measured[x.get("text") or "", x.get("image")] for x in pair) for pair in pairs]
         order = sorted(range(len(pairs)), key=lambda i: -lengths[i])
         batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
         loader = torch.utils.data.DataLoader(pairs, batch_sampler=batches, num_workers=num_workers,
                                              collate_fn=self.prompt.batch)  # built in the workers
         scores, meter = torch.empty(len(pairs), dtype=torch.float64), common.Progress(len(pairs), label, "pairs")
-        head = self.generator.lm_head.weight[[self.yes, self.no]].float()  # (2, D), in float32 even for a bf16 judge
-        bias = None if self.generator.lm_head.bias is None else self.generator.lm_head.bias[[self.yes, self.no]].float()
         for indices, batch in zip(batches, loader):
             hidden = self.body(**batch)  # (B, D) float32 at the last token: where the answer comes next
-            logits = hidden @ head.T + (0 if bias is None else bias)  # (B, 2): the LM head's rows of Yes and No
+            logits = hidden @ self.head.T + (0 if self.bias is None else self.bias)  # (B, 2): the rows of Yes, No
             scores[indices] = logits.double().softmax(dim=-1)[:, 0].cpu()  # e_yes / (e_yes + e_no)
             if label:
                 meter.update(len(indices))
@@ -360,7 +326,7 @@ def write_subsets(rows, items, blocks, index, score, judged, config):
     for start, end, name in blocks:
         records, summary = subset_records(rows, items, index, score, judged, start, end, config)
         path = os.path.join(config["out"], name, "train.parquet")
-        table = pa.table({column: [r[column] for r in records] for column in (records[0] if records else {})})
+        table = pa.Table.from_pylist(records)
         with common.replaced_atomically(path) as tmp:
             pq.write_table(table, tmp)
         summaries[name] = dict(summary, file=path)
@@ -388,7 +354,7 @@ def embed_and_retrieve(config, rows, blocks, rank, world, run_device):
     if not torch.isfinite(embeddings).all():
         raise UserError(f"{config['init_from']} gave non-finite embeddings: mining with them would rank at random")
     del embedder
-    index, score = shared_rows(lambda share: retrieve(
+    index, score = common.shared_rows(lambda share: retrieve(
         embeddings, query_index, candidate_index[:, 0], blocks, similarity, config["pool_size"],
         config["duplicate_threshold"], run_device, share), len(rows), rank, world)
     if rank == 0:
@@ -428,9 +394,8 @@ def main(argv=None):
         raise UserError("set --init_from=..., --train_data=... and --out=...")
     configurator.check_choice("dtype", config["dtype"], ("float32", "bfloat16"))
     configurator.check_choice("similarity", config["similarity"], ("",) + loss.SIMILARITIES)
-    for name in ("pool_size", "num_hard_negatives", "judge_chunk_rows", "judge_batch_size", "batch_size"):
-        if config[name] < 1:
-            raise UserError(f"{name} must be at least 1, got {config[name]}")
+    configurator.check_counts(config, ("pool_size", "num_hard_negatives", "judge_chunk_rows", "judge_batch_size",
+                                       "batch_size"))
     rank, _, world, run_device = common.compute_init(config["device"], config["timeout_minutes"])
     if config["threads"]:
         torch.set_num_threads(config["threads"])

@@ -208,31 +208,30 @@ class Preprocessor:
     def __call__(self, text, image=None):
         """One item -> {"input_ids": (L,), "position_ids": (3, L)} plus, with an image,
         {"pixel_values": (P, 3 * patch * patch) uint8 patches, "image_grid_thw": (1, 3)}."""
-        text = text or ""
-        if not text.strip() and image is None:
+        if not (text or "").strip() and image is None:
             raise UserError("an item needs text or an image; this one has neither")
-        feature = {}
-        num_image_tokens = grid_h = grid_w = 0
-        if image is not None:
-            loaded = load_image(image)  # its errors name the file
-            try:
-                feature["pixel_values"], grid_h, grid_w = self.patches(loaded)
-            except ValueError as error:  # e.g. an aspect ratio over 200
-                raise UserError(f"image {image_name(image)}: {error}") from None
-            feature["image_grid_thw"] = torch.tensor([[1, grid_h, grid_w]])  # (1, 3)
-            num_image_tokens = grid_h * grid_w // self.merge_size**2
-        before, after = self.text_ids(text, image is not None, num_image_tokens)
-        head, tail = self.prefix_ids + before, after + self.suffix_ids
-        if image is None:
-            ids = head + tail
-            positions = torch.arange(len(ids)).expand(3, -1)
-        else:
-            head, tail = head + [self.vision_start_id], [self.vision_end_id] + tail
-            ids = head + [self.image_pad_id] * num_image_tokens + tail
-            positions = mrope_positions(len(head), grid_h // self.merge_size, grid_w // self.merge_size, len(tail))
-        feature["input_ids"] = torch.tensor(ids, dtype=torch.long)
-        feature["position_ids"] = positions.contiguous()
+        ids, pieces, patches, grid = self.item_tokens(text, image)
+        feature = {} if patches is None else {"pixel_values": patches, "image_grid_thw": grid}
+        feature["input_ids"] = torch.tensor(self.prefix_ids + ids + self.suffix_ids, dtype=torch.long)
+        feature["position_ids"] = mrope_positions([len(self.prefix_ids)] + pieces + [len(self.suffix_ids)])  # (3, L)
         return feature
+
+    def item_tokens(self, text, image=None):
+        """An item's tokens without the template: -> (ids, pieces for mrope_positions, uint8 patches (P, 3 * patch *
+        patch) or None, image_grid_thw (1, 3) or None), the image's placeholders where its text has <|image_1|>."""
+        if image is None:
+            before, after = self.text_ids(text or "", False, 0)
+            return before + after, [len(before) + len(after)], None, None
+        loaded = load_image(image)  # its errors name the file
+        try:
+            patches, grid_h, grid_w = self.patches(loaded)
+        except ValueError as error:  # e.g. an aspect ratio over 200
+            raise UserError(f"image {image_name(image)}: {error}") from None
+        count = grid_h * grid_w // self.merge_size**2
+        before, after = self.text_ids(text or "", True, count)
+        ids = before + [self.vision_start_id] + [self.image_pad_id] * count + [self.vision_end_id] + after
+        pieces = [len(before) + 1, (grid_h // self.merge_size, grid_w // self.merge_size), len(after) + 1]
+        return ids, pieces, patches, torch.tensor([[1, grid_h, grid_w]])
 
     def patches(self, image):
         """An RGB PIL image -> ((P, 3 * patch * patch) uint8 patches, grid_h, grid_w), P = grid_h * grid_w.
@@ -271,17 +270,21 @@ class Preprocessor:
         }
 
 
-def mrope_positions(num_head, grid_h, grid_w, num_tail):
-    """3-D rotary positions (temporal, height, width) of text + one image + text, as Qwen3.5 defines them:
-    text counts up on all three axes; the image's merged grid spans rows and columns from the position where
-    it starts; text after it resumes at start + max(grid_h, grid_w). -> (3, L)"""
-    head = torch.arange(num_head).expand(3, -1)
-    rows = torch.arange(grid_h).repeat_interleave(grid_w)
-    cols = torch.arange(grid_w).repeat(grid_h)
-    image = torch.stack([torch.zeros_like(rows), rows, cols]) + num_head
-    start = num_head + max(grid_h, grid_w)
-    tail = torch.arange(start, start + num_tail).expand(3, -1)
-    return torch.cat([head, image, tail], dim=1)
+def mrope_positions(pieces):
+    """3-D rotary positions (temporal, height, width) -> (3, L) of text runs (ints: their lengths) and images ((rows,
+    cols) of merged patches), as Qwen3.5 defines them: text counts up on all three axes; an image's merged grid spans
+    rows and columns from the position where it starts; text after it resumes at start + max(rows, cols)."""
+    parts, start = [], 0
+    for piece in pieces:
+        if isinstance(piece, int):
+            parts.append(torch.arange(start, start + piece).expand(3, -1))
+            start += piece
+        else:
+            rows, cols = piece
+            height, width = torch.arange(rows).repeat_interleave(cols), torch.arange(cols).repeat(rows)
+            parts.append(torch.stack([torch.zeros_like(height), height, width]) + start)
+            start += max(rows, cols)
+    return torch.cat(parts, dim=1)
 
 
 # -----------------------------------------------------------------------------

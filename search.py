@@ -272,8 +272,7 @@ def main(argv=None):
         if not config[key]:
             raise UserError(f"set --{key}=...")
     configurator.check_choice("similarity", config["similarity"], ("",) + loss.SIMILARITIES)
-    if config["top_k"] < 1:
-        raise UserError(f"top_k must be at least 1, got {config['top_k']}")
+    configurator.check_counts(config, ("top_k",))
     items, asked = index_items(config), query_items(config)
     if not items and not asked:
         raise UserError("nothing to do: index with --index_images, --index_text or --index_jsonl, "

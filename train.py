@@ -112,9 +112,7 @@ for key, allowed in (("similarity", loss.SIMILARITIES), ("weighting", loss.WEIGH
                      ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset")),
                      ("soft_labels", loss.SOFT_LABELS)):
     configurator.check_choice(key, config[key], allowed)
-for key in ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"):
-    if config[key] < 1:
-        raise UserError(f"{key} must be at least 1, got {config[key]}")
+configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"))
 
 
 def read_rows(check=False):
