@@ -189,7 +189,6 @@ def _collate_train(items, preprocessor, max_items, cut):
 
 # -----------------------------------------------------------------------------
 # batches of items, for model.Embedder.encode
-# batches of items, for model.Embedder.encode
 
 def prepared(index, item, function):
     """function(text, image) of one item ({"text", "image"}), a ValueError naming the item if it is malformed

@@ -62,8 +62,9 @@ class ImagePaths:
     def exists(self, path):
         folder, name = os.path.split(path)
         if folder not in self.listings:
-            self.listings[folder] = frozenset(os.listdir(folder)) if os.path.isdir(folder) else frozenset()
-        return name in self.listings[folder] and not mmeb.is_junk(name)
+            names = os.listdir(folder) if os.path.isdir(folder) else []
+            self.listings[folder] = frozenset(name for name in names if not mmeb.is_junk(name))  # never '._' files
+        return name in self.listings[folder]
 
     def resolve(self, value, field):
         if not isinstance(value, str):
@@ -91,22 +92,27 @@ def make_side(text, image, text_name, image_name, images, reason="empty"):
     return {"text": text, "image": path}
 
 
-def negative_sides(record, positive, images):
-    """A training record's negatives, as mmE5 means them (the file docstring). -> (sides, missing entries)"""
-    texts, paths = list_field(record, "neg_text"), list_field(record, "neg_image_path")
+def paired(texts, paths, text_name, image_name):
+    """A record's lists of texts and of image paths that go together entry by entry -> [(text, path)]; one of the
+    two may be empty or absent (its entries are then ''), lists of different lengths are a bad row."""
     if texts and paths and len(texts) != len(paths):
-        raise BadRow("neg_image_path", f"{len(paths)} entries, but neg_text has {len(texts)}", "list lengths differ")
+        raise BadRow(image_name, f"{len(paths)} entries, but {text_name} has {len(texts)}", "list lengths differ")
     count = max(len(texts), len(paths))
-    texts, paths = texts or [""] * count, paths or [""] * count
-    filler = next((t for t in texts if t), positive["text"])  # an image negative's text, when its own is ''
+    return list(zip(texts or [""] * count, paths or [""] * count))
+
+
+def negative_sides(record, positive, images):
+    """A training record's negatives, as mmE5 means them (the file docstring). -> (sides, kept entries, missing)"""
+    pairs = paired(list_field(record, "neg_text"), list_field(record, "neg_image_path"), "neg_text", "neg_image_path")
+    filler = next((t for t, _ in pairs if t), positive["text"])  # an image negative's text, when its own is ''
     sides, kept = [], []
-    for k, (text, image) in enumerate(zip(texts, paths)):
+    for k, (text, image) in enumerate(pairs):
         path = images.resolve(image, f"neg_image_path[{k}]")
         if path is None and empty_text(text):
             continue  # a missing negative
         sides.append({"text": (text or filler) if path else text, "image": path})
         kept.append(k)
-    return sides, kept, count - len(kept)
+    return sides, kept, len(pairs) - len(kept)
 
 
 def judge_scores(record, kept):
@@ -134,11 +140,15 @@ class SourceReport:
         self.files, self.bad, self.examples, self.negatives = {}, collections.Counter(), {}, collections.Counter()
         self.missing_negatives = self.filled = self.cut = 0
         self.instructions = mmeb.Instructions(instructions) if instructions else None
-        self.leak, self.layout, self.failure = dataset in mmeb.OOD_DATASETS, "v1", None
+        self.leak, self.layout, self.failure = False, "v1", None  # leak: training rows of an MMEB OOD dataset
 
     @property
     def rows(self):
         return sum(self.files.values())
+
+    @property
+    def num_bad(self):
+        return sum(self.bad.values())
 
     def bad_row(self, location, error):
         self.bad[error.reason] += 1
@@ -169,11 +179,11 @@ class SourceReport:
             lines.append(f"  cannot be used: {self.failure}")
         return lines
 
-    def problems(self, skip_bad_rows, allow_eval_datasets):
+    def problems(self, skip_bad_rows, allow_eval_datasets=False):
         """Why a run would not start on this source: [] when it would."""
         problems = [self.failure] if self.failure else []
         if self.bad and not skip_bad_rows:
-            problems.append(f"{sum(self.bad.values()):,} bad rows and skip_bad_rows=False")
+            problems.append(f"{self.num_bad:,} bad rows and skip_bad_rows=False")
         if self.leak and not allow_eval_datasets:
             problems.append(f"rows of {self.dataset} (allow_eval_datasets=False)")
         return problems
@@ -281,6 +291,7 @@ def load_train_rows(train_data, image_dir, num_hard_negatives=5, seed=0, skip_ba
         images = ImagePaths(entry["image_dir"], allow_any_image_path)
         for dataset, subset, files, split in mmeb.train_subsets(entry["path"], train_split):
             report = SourceReport(subset, dataset, split, instructions)
+            report.leak = dataset in mmeb.OOD_DATASETS
             reports.append(report)
             if report.leak and not (allow_eval_datasets or check):
                 raise UserError(f"train_data: {subset} holds rows of {dataset}, one of MMEB's 16 out-of-distribution "
@@ -292,9 +303,10 @@ def load_train_rows(train_data, image_dir, num_hard_negatives=5, seed=0, skip_ba
                 for path in files:
                     left = None if entry["max_rows"] is None else entry["max_rows"] - len(rows)
                     if left is None or left > 0:
-                        rows += [dict(row, source=f"{path} {location}") for location, row in read_rows(
-                            path, TRAIN_COLUMNS, lambda r: train_row(r, images, report, judged), report,
-                            skip_bad_rows or check, left)]
+                        for location, row in read_rows(path, TRAIN_COLUMNS, lambda r: train_row(r, images, report,
+                                                       judged), report, skip_bad_rows or check, left):
+                            row["source"] = f"{path} {location}"
+                            rows.append(row)
                 if not rows and not report.bad:
                     raise UserError(f"{subset}: no rows in it")
                 if rows:  # (a subset whose every row was bad and skipped is reported, and adds nothing)
@@ -349,13 +361,8 @@ def eval_row(record, images, report, v2):
         query_text = mmeb.v2_query(kind, report.dataset, text_field(record, "qry_inst"), query_text)
         candidate_texts = mmeb.v2_candidates(kind, text_field(record, "tgt_inst"), candidate_texts)
     query = make_side(query_text, query_image, "qry_text", "qry_img_path", images, "empty query")
-    if candidate_texts and candidate_images and len(candidate_texts) != len(candidate_images):
-        raise BadRow("tgt_img_path", f"{len(candidate_images)} entries, but tgt_text has {len(candidate_texts)}",
-                     "list lengths differ")
-    count = max(len(candidate_texts), len(candidate_images))
-    pairs = zip(candidate_texts or [""] * count, candidate_images or [""] * count)
     candidates = [make_side(t, i, f"tgt_text[{k}]", f"tgt_img_path[{k}]", images, "empty candidate")
-                  for k, (t, i) in enumerate(pairs)]
+                  for k, (t, i) in enumerate(paired(candidate_texts, candidate_images, "tgt_text", "tgt_img_path"))]
     if len(candidates) < 2:
         raise BadRow("tgt_text", f"{len(candidates)} candidates: at least the gold and one other needed",
                      "too few candidates")
@@ -376,7 +383,6 @@ def read_eval_dataset(folder, image_dir, skip_bad_rows=False, instructions=None,
         raise UserError(f"no .parquet files under {folder}")
     name = os.path.basename(os.path.normpath(folder))
     report = SourceReport(folder, mmeb.canonical_name(name) or name, "test", instructions)
-    report.leak = False  # evaluating on an evaluation set is the point
     v2 = "qry_inst" in pq.ParquetFile(files[0]).schema_arrow.names
     report.layout = "V2" if v2 else "v1"
     images = ImagePaths(image_dir, allow_any_image_path)

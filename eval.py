@@ -380,7 +380,7 @@ def check(config, names, log):
     for name in names:
         rows, found = read_dataset(name, config, check=True)
         log("\n".join(found.lines()))
-        problems += [f"{name}: {p}" for p in found.problems(config["skip_bad_rows"], True)]
+        problems += [f"{name}: {p}" for p in found.problems(config["skip_bad_rows"])]
         if not rows:
             problems.append(f"{name}: no usable rows")
     log(f"check_data: {len(names)} datasets; " + ("the evaluation would run" if not problems else

@@ -45,6 +45,10 @@ IMAGE_MARKER = "<|image_1|>"  # in MMEB / mmE5 text: where the side's image goes
 IMAGE_CANDIDATE = IMAGE_MARKER + "\nRepresent the given image."  # MMEB's text beside an image candidate
 GROUNDING_OWN = None  # MMEB-train and MMEB-eval word the grounding instructions differently: none to swap
 
+TRAIN_SUBSETS = ("A-OKVQA", "CIRR", "ChartQA", "DocVQA", "HatefulMemes", "ImageNet_1K", "InfographicsVQA", "MSCOCO",
+                 "MSCOCO_i2t", "MSCOCO_t2i", "N24News", "NIGHTS", "OK-VQA", "SUN397", "VOC2007", "VisDial", "Visual7W",
+                 "VisualNews_i2t", "VisualNews_t2i", "WebQA")  # MMEB-train's 20 subset folders, in its spellings
+
 # name (as the MMEB-eval folder) -> (meta task, split, task format, the dataset's own query instruction)
 MMEB_TABLE = {
     "ImageNet-1K": ("Classification", "IND", "classification", "Represent the given image for classification"),
@@ -108,14 +112,13 @@ def canonical_name(name):
     return CANONICAL.get(spelling(name))
 
 
-@functools.lru_cache(maxsize=None)
 def dataset_of(path):
     """The MMEB dataset a file or folder belongs to: its name (a file's without the suffix), its folder's or the one
     above, the nearest naming one, else None. 'MMEB-train/ImageNet_1K/original-00000.parquet' -> 'ImageNet-1K'."""
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
     for part in reversed(parts[-3:-1] + [os.path.splitext(parts[-1])[0]]):  # the name, its folder and theirs
-        if canonical_name(part):
-            return canonical_name(part)
+        if name := canonical_name(part):
+            return name
     return None
 
 
@@ -201,7 +204,6 @@ def v2_candidates(kind, instruction, texts):
 
 DATA_SUFFIXES = (".parquet", ".jsonl")
 SPLIT_FILE = re.compile(r"(?P<split>[A-Za-z_]+)-\d{5}-of-\d{5}\.(parquet|jsonl)$")  # Hugging Face's shard names
-MMEB_TRAIN_SPLITS = ("original", "diverse_instruction")
 
 
 def is_junk(name):
@@ -215,13 +217,13 @@ def data_files(folder):
                   if name.endswith(DATA_SUFFIXES) and not is_junk(name) and os.path.isfile(os.path.join(folder, name)))
 
 
-def split_files(folder, split):
-    """A subset folder's files of one split -> (files, the split read). Hugging Face names a split's shards
-    <split>-00000-of-00001.parquet: an MMEB-train folder holds 'original', 'diverse_instruction' and a legacy
-    'train' side by side, and only `split` is read. A folder with one split only (mmE5's 'train', or files
-    named otherwise) is read whole, whatever `split` says."""
+def split_files(folder, split, files):
+    """A subset folder's data files (data_files(folder)) -> (the files of one split, the split read). Hugging Face
+    names a split's shards <split>-00000-of-00001.parquet: an MMEB-train folder holds 'original',
+    'diverse_instruction' and a legacy 'train' side by side, and only `split` is read. A folder with one split only
+    (mmE5's 'train', or files named otherwise) is read whole, whatever `split` says."""
     groups = collections.defaultdict(list)
-    for path in data_files(folder):
+    for path in files:
         match = SPLIT_FILE.match(os.path.basename(path))
         groups[match.group("split") if match else None].append(path)
     if split in groups:
@@ -246,14 +248,14 @@ def train_subsets(path, split):
         if not path.endswith(DATA_SUFFIXES):
             raise UserError(f"train_data: {path}: unknown file type, expected .parquet or .jsonl")
         return [(dataset_of(path), path, [path], "(a file)")]
-    if data_files(path):
-        files, read = split_files(path, split)
+    if files := data_files(path):
+        files, read = split_files(path, split, files)
         return [(dataset_of(path), path, files, read)]
     subsets = []
     for name in sorted(os.listdir(path)):
         folder = os.path.join(path, name)
-        if not is_junk(name) and os.path.isdir(folder) and data_files(folder):
-            files, read = split_files(folder, split)
+        if not is_junk(name) and os.path.isdir(folder) and (files := data_files(folder)):
+            files, read = split_files(folder, split, files)
             subsets.append((canonical_name(name) or dataset_of(folder), folder, files, read))
     if not subsets:
         raise UserError(f"train_data: {path} holds no .parquet or .jsonl files, nor folders of them")

@@ -129,7 +129,7 @@ if check_data:  # --check_data=True: no model, no process group; every problem n
     problems = [f"{r.subset}: {p}" for r in reports for p in r.problems(skip_bad_rows, allow_eval_datasets)]
     if len(rows) < batch_size:
         problems.append(f"{len(rows):,} usable rows cannot fill one batch of {batch_size}")
-    print(f"check_data: {len(reports)} subsets, {len(rows):,} usable rows, {sum(sum(r.bad.values()) for r in reports):,} "
+    print(f"check_data: {len(reports)} subsets, {len(rows):,} usable rows, {sum(r.num_bad for r in reports):,} "
           f"bad; " + ("the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
     sys.exit(1 if problems else 0)
 

@@ -260,9 +260,7 @@ def collate(preprocessor, items, max_items, cut=batching.split_by_length):
 # -----------------------------------------------------------------------------
 # a download in mmE5's layout, for the start-up figures
 
-SUBSETS = ["A-OKVQA", "CIRR", "ChartQA", "DocVQA", "HatefulMemes", "ImageNet_1K", "InfographicsVQA", "MSCOCO",
-           "MSCOCO_i2t", "MSCOCO_t2i", "N24News", "NIGHTS", "OK-VQA", "SUN397", "VOC2007", "VisDial", "Visual7W",
-           "VisualNews_i2t", "VisualNews_t2i", "WebQA"]  # MMEB-train's 20, as mmE5-MMEB-hardneg has them
+SUBSETS = mmeb.TRAIN_SUBSETS  # MMEB-train's 20 (mmE5-MMEB-hardneg has these and four more)
 
 
 def mmE5_download(folder, num_rows, num_negatives, seed, images_per_subset=1000):

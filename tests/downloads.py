@@ -3,8 +3,7 @@ The real downloads in miniature, for tests/test_downloads.py: the file trees, fi
 and string forms of TIGER-Lab/MMEB-eval, TIGER-Lab/MMEB-train, intfloat/mmE5-MMEB-hardneg, intfloat/mmE5-synthetic
 and the MMEB-V2 image tasks, as a user has them after the download and unzip commands of the README, each with a
 few rows. What the dataset cards and the official loaders confirm is copied as it is; what is only inferred is
-marked so below, and the reader is tested on both answers where they differ (the hardneg file names; the eval
-images' names).
+marked so below, and the reader is tested on both answers where they differ (the hardneg file names).
 
     root = mmeb_eval(tmp_path)            # tmp/data/MMEB-eval/<37 folders>/test-00000-of-00001.parquet,
                                           # tmp/data/eval_images/<Subset>/... (unzip images.zip -d eval_images/)
@@ -13,20 +12,20 @@ images' names).
     root = mmeb_v2(tmp_path)              # tmp/data/MMEB-V2/{annotations,image-tasks}
 """
 import os
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from mmeb import IMAGE_MARKER, MMEB_TABLE
+from mmeb import IMAGE_MARKER, MMEB_TABLE, TRAIN_SUBSETS, canonical_name
 
 M = IMAGE_MARKER
 EVAL_NAMES = sorted(list(MMEB_TABLE) + ["CIFAR-100"])  # the 37 folders of MMEB-eval's main branch
-TRAIN_NAMES = ["A-OKVQA", "CIRR", "ChartQA", "DocVQA", "HatefulMemes", "ImageNet_1K", "InfographicsVQA", "MSCOCO",
-               "MSCOCO_i2t", "MSCOCO_t2i", "N24News", "NIGHTS", "OK-VQA", "SUN397", "VOC2007", "VisDial", "Visual7W",
-               "VisualNews_i2t", "VisualNews_t2i", "WebQA"]  # MMEB-train's 20 subsets on main, its spellings
+TRAIN_NAMES = list(TRAIN_SUBSETS)  # MMEB-train's 20 subsets on main, its spellings
 EARLY_TRAIN_NAMES = ["CIFAR_100", "FashionIQ", "ImageNet-A", "ImageNet-R", "ScienceQA", "Visual7W-pointing"]
 HARDNEG_EXTRA = ["TAT-DQA", "ArxivQA", "InfoSeek_it2t", "InfoSeek_it2it"]  # mmE5-MMEB-hardneg's 24 = these + the 20
+INSTRUCTION_ONLY = {"ImageNet_1K", "HatefulMemes", "SUN397", "VOC2007", "NIGHTS", "MSCOCO_i2t", "VisualNews_i2t"}
 WITH_NEGATIVES = {"A-OKVQA", "ChartQA", "VisDial"}  # MMEB-train subsets whose README lists neg_text / neg_image_path
 
 
@@ -61,7 +60,8 @@ EVAL_SCHEMA = [("qry_text", pa.string()), ("qry_img_path", pa.string()), ("tgt_t
 
 def eval_row(name, i, candidates):
     """A v1 row of dataset `name` as MMEB-eval stores it (the strings INFERRED from the official loaders, the CONFIRMED
-    columns, gold first, "" for no image, tgt lists of equal length). Image names are UNCONFIRMED: <Subset>/<i>.jpg."""
+    columns, gold first, "" for no image, tgt lists of equal length). Image names are UNCONFIRMED:
+    <Subset>/image_<row>_<q or candidate>.jpg."""
     kind, own = task_format(name), (MMEB_TABLE.get(name, ("", "", "", "Represent the given image for classification")))[3]
     image = lambda k: f"{name}/image_{i}_{k}.jpg"  # noqa: E731
     if kind in ("classification", "VQA", "image->text"):
@@ -93,8 +93,9 @@ def mmeb_eval(base, names=EVAL_NAMES, rows=2, candidates=3):
         for row in table:
             for path in [row["qry_img_path"]] + row["tgt_img_path"]:
                 if path:
-                    picture(os.path.join(images, path), (30 + 5 * n, 200 - 5 * n, hash(path) % 256))
-    touch(os.path.join(images, names[0], "._image_0_q.jpg"), b"\x00\x05\x16\x07")  # AppleDouble junk (UNCONFIRMED)
+                    picture(os.path.join(images, path), (30 + 5 * n, 200 - 5 * n, zlib.crc32(path.encode()) % 256))
+    beside = "ImageNet-1K" if "ImageNet-1K" in names else names[0]  # AppleDouble junk beside an image (UNCONFIRMED)
+    touch(os.path.join(images, beside, f"._image_{rows - 1}_q.jpg"), b"\x00\x05\x16\x07")
     return root, images
 
 
@@ -109,9 +110,9 @@ TRAIN_SCHEMA_NEGATIVES = TRAIN_SCHEMA + [("neg_text", pa.string()), ("neg_image_
 def train_row(name, i, split, negatives):
     """An MMEB-train row (CONFIRMED columns; the strings as third-party copies of real rows show them): image paths
     images/<Subset>/Train/<file>; the negatives a single string, often "", where the subset has them at all."""
-    canonical = {"ImageNet_1K": "ImageNet-1K", "Visual7W-pointing": "Visual7W-Pointing", "CIFAR_100": "CIFAR-100"}
-    kind = task_format(canonical.get(name, name))
-    own = MMEB_TABLE.get(canonical.get(name, name), ("", "", "", "Represent the given image for classification"))[3] \
+    dataset = canonical_name(name) or name  # CIFAR_100, not one of MMEB's, is a classification as MMEB's are
+    kind = task_format(dataset)
+    own = MMEB_TABLE.get(dataset, ("", "", "", "Represent the given image for classification"))[3] \
         or "Select the portion of the image that follows the language expressions."
     image = lambda k: f"images/{name}/Train/{name}_image_{i}_{k}.jpg"  # noqa: E731
     if split == "diverse_instruction":  # archive/diverse_inst.py: a paraphrase, marker then a space (INFERRED)
@@ -128,6 +129,8 @@ def train_row(name, i, split, negatives):
                "qry_image_path": image("q"), "pos_text": f"answer {name} {i}", "pos_image_path": ""}
         if negatives:
             row.update(neg_text="" if i % 2 else f"wrong answer {name} {i}", neg_image_path="")
+    if split == "diverse_instruction" and name in INSTRUCTION_ONLY:
+        row["qry"] = instruction_line  # the whole qry replaced by the paraphrase: no trailing newline (INFERRED)
     if split == "train":  # the legacy Oct-2024 file, on disk but referenced by no config: never to be read
         row["qry"] = "LEGACY " + row["qry"]
     return row
