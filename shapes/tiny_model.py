@@ -17,11 +17,10 @@ The final RMSNorm sets the embedding's norm. Qwen3.5's is zero-centred, e = sqrt
 eps), so |e| depends on the input only through its direction, and with w = 0 (transformers' init, and this
 function's default) every embedding has norm sqrt(D) = 8. A trained model's weight is not uniform:
 final_norm_std draws w from N(0, final_norm_std^2), so the norms vary across items before any contrastive
-training. FINAL_NORM_STD is the toy's choice, 0.15: the relative spread std/mean of the final norm's gain in
-the one trained Qwen-family checkpoint whose statistics we found (Qwen2.5-0.5B-Instruct's output_norm, in a
-third-party dump of its GGUF file, github.com/veighnsche/llama-orch, bin/worker-orcd/investigation-teams/
-TEAM_VAN_GOGH_WEIGHT_RESOLUTION.md: mean 7.14, std 1.10, i.e. 0.155; its outliers, from 0 to 2.3x the mean,
-are not modelled; no figures were found for Qwen3.5 itself). The toy's
+training. FINAL_NORM_STD is the toy's choice, 0.15: the relative spread std/mean of the final norm's gain of
+Qwen2.5-0.5B-Instruct (its output_norm: mean 7.14, std 1.10, i.e. 0.155, from a third-party dump of its GGUF
+file in github.com/veighnsche/llama-orch), the only trained Qwen-family figure known here; its outliers, from 0
+to 2.3x the mean, are not modelled, and no such figure is known for Qwen3.5. The toy's
 brief pretraining hardly moves w (from w = 0 its 297 steps leave a std of 0.012, and the embedding norms of
 the evaluation items a coefficient of variation of 0.0009), so the spread is set here.
 """

@@ -235,7 +235,7 @@ def test_a_bug_keeps_its_traceback_and_a_mistake_does_not():
         configure(script_globals(), ['--nope=1'])
     except UserError as error:
         assert "unknown config key 'nope'" in one_line_message(error)
-    # a TypeError raised in this repository's own code (an edited script's bug) keeps its file and line
+    # an AttributeError raised in this repository's own code (an edited script's bug) keeps its file and line
     code = "import common, configurator; common.install_error_hook(); configurator.configure(None, [])"
     run = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and 'Traceback' in run.stderr and 'configurator.py' in run.stderr

@@ -275,7 +275,7 @@ def test_judge_alignment_is_zero_when_the_judge_agrees_and_off_by_default():
     own = own_candidates_of(5, 3)
     plain, plain_stats = pace_loss(q, c, targets, "cos", 0.1, 2.0)
     plain_grads = torch.autograd.grad(plain, (q, c))
-    # lambda = 0: today's loss and gradient, bit for bit
+    # lambda = 0: the plain focal loss and gradient, bit for bit
     zero, _ = pace_loss(q, c, targets, "cos", 0.1, 2.0, soft_labels="judge", judge_scores=HAND_JUDGE,
                         own_candidates=own, alignment_weight=0.0)
     assert zero.item() == plain.item()
