@@ -188,25 +188,25 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
     # dL/dc_r. Rank r's parameter gradient is then its share of dL/dtheta, and the shares sum to dL/dtheta.
     # FSDP averages gradients over ranks (divides by world), which the factor world undoes. In one process
     # this is exactly L. A batch whose weights are all 0 (every query certain) gives 0, not 0/0.
+    weight_sum, queries = max(stats.pop("weight_sum"), 1e-30), stats.pop("queries")  # global sum of a_i, global N
     if soft_labels == "judge":
         return with_alignment(logits, own_candidates + rank * c.shape[0], judge_scores, judge_temperature,
-                              alignment_weight, nll, weights, stats, world)
-    loss = world * (weights * nll).sum() / max(stats.pop("weight_sum"), 1e-30)
+                              alignment_weight, (weights * nll).sum(), weight_sum, queries, stats, world)
+    loss = world * (weights * nll).sum() / weight_sum
     return loss, stats
 
 
-def with_alignment(logits, own_candidates, judge_scores, judge_temperature, alignment_weight, nll, weights, stats,
-                   world):
-    """Eq. (U4): the focal loss plus lambda times the mean A_i over the global batch's queries. Each rank
-    backpropagates world * (its share), by pace_loss's argument for eqs. (6)-(7) with 1 / N in place of
-    a_i / sum a: A_i depends on q_i and on its own candidates (local, but in all_c's coordinates here).
-    own_candidates: (N, 1 + K) indices into all_c. -> (loss, stats with 'infonce' and 'alignment' added)."""
+def with_alignment(logits, own_candidates, judge_scores, judge_temperature, alignment_weight, focal_sum, weight_sum,
+                   queries, stats, world):
+    """Eq. (U4): the focal loss (focal_sum: this rank's sum of a_i l_i, weight_sum: the global sum of a_i) plus
+    lambda times the mean A_i over the global batch's `queries`. Each rank backpropagates world * (its share), by
+    pace_loss's argument for eqs. (6)-(7) with 1 / N in place of a_i / sum a: A_i depends on q_i and on its own
+    candidates (local, but in all_c's coordinates here). own_candidates: (N, 1 + K) indices into all_c.
+    -> (loss, stats with 'infonce' and 'alignment' added)."""
     alignment = alignment_terms(logits, own_candidates, judge_scores, judge_temperature)  # (N,) A_i, eq. (U3)
-    sums = reduced({"alignment": alignment.detach().sum(), "queries": torch.ones((), device=nll.device) * len(nll)},
-                   dist.ReduceOp.SUM)
-    weight_sum = max(stats.pop("weight_sum"), 1e-30)
-    loss = world * ((weights * nll).sum() / weight_sum + alignment_weight * alignment.sum() / sums["queries"])
-    stats["infonce"], stats["alignment"] = stats["loss"], sums["alignment"] / sums["queries"]
+    loss = world * (focal_sum / weight_sum + alignment_weight * alignment.sum() / queries)
+    total = reduced({"alignment": alignment.detach().sum()}, dist.ReduceOp.SUM)["alignment"]
+    stats["infonce"], stats["alignment"] = stats["loss"], total / queries
     stats["loss"] = stats["infonce"] + alignment_weight * stats["alignment"]  # eq. (U4), the value of L
     return loss, stats
 
@@ -236,6 +236,7 @@ def batch_statistics(q, c, nll, logits, cos, positive, confidence, weights):
                      dist.ReduceOp.MAX)
     return {
         "loss": sums["weighted_nll"] / max(sums["weight_sum"], 1e-30), "weight_sum": sums["weight_sum"],
+        "queries": sums["queries"],  # weight_sum and queries are for pace_loss, which takes them out
         "pos_prob": sums["pos_prob"] / sums["queries"],  # mean pi_i, eq. (3)
         "focal_confidence": sums["focal_confidence"] / sums["queries"],  # mean p_i, eq. (4)
         "weight_min": -maxima["minus_weight_min"], "weight_max": maxima["weight_max"],  # a_i, eq. (5)

@@ -1,5 +1,5 @@
 """
-plot.py: every picture the project draws, with Pillow only. Each function returns an RGB
+plot.py: every picture the project draws, drawn with Pillow (no plotting library). Each function returns an RGB
 PIL.Image.Image on white, so callers can put pictures side by side (grid) and write them (save).
 
     import plot
@@ -27,6 +27,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 import runs
 from common import UserError, install_error_hook, replaced_atomically
 from mmeb import IMAGE_MARKER
+from model import load_image
 
 FONT = ImageFont.load_default()  # built into Pillow: no font file to find
 TITLE_HEIGHT = 24  # band at the top of a figure that has a title
@@ -342,13 +343,11 @@ def draw_cell(image, box, item, thumb, header, frame, note=""):
 
 
 def thumbnail(image, size):
-    """image (a path or a PIL image) scaled to fit size x size, aspect kept; None when it cannot be read."""
+    """image (a path or a PIL image) as the model sees it (model.load_image: upright, 8-bit, transparency on white),
+    scaled to fit size x size, aspect kept; None when it cannot be read."""
     try:
-        if not isinstance(image, Image.Image):
-            with Image.open(image) as opened:
-                image = opened.convert("RGB")
-        return ImageOps.contain(image.convert("RGB"), (size, size))
-    except (OSError, ValueError, Image.DecompressionBombError):
+        return ImageOps.contain(load_image(image), (size, size))
+    except ValueError:  # load_image's UserError: missing, unreadable, not an image, over Pillow's pixel limit
         return None
 
 
@@ -436,7 +435,7 @@ def main(argv):
             raise UserError(f"{folder}: no such folder" if not os.path.isdir(folder) else f"{folder}: no log.jsonl in "
                             "it: not a train.py out_dir, or its run has logged no step yet")
     logs = [os.path.join(folder, "log.jsonl") for folder in folders]
-    empty = [log for log in logs if not runs.curve_records([log])[0]]
+    empty = [log for log in logs if not runs.read_log(log)]
     for log in empty:
         print(f"warning: {log} holds no step yet (a run that has just started, or was cut before its first step)")
     if len(empty) == len(logs):

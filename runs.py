@@ -144,9 +144,7 @@ def kill_workers_at_exit():
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise at each child's death
         for child in multiprocessing.active_children():
             child.kill()
-    if not getattr(kill_workers_at_exit, "registered", False):
-        atexit.register(kill)
-        kill_workers_at_exit.registered = True
+    atexit.register(kill)
 
 
 # -----------------------------------------------------------------------------
@@ -263,12 +261,17 @@ def set_aside(out_dir, from_step):
 # -----------------------------------------------------------------------------
 # the runs' logs, one after another
 
+def read_log(path):
+    """A log.jsonl's records; a line cut short (a run still writing, or killed mid-line) is dropped."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip().endswith("}")]
+
+
 def curve_records(log_paths):
     """-> (the runs' records on one step axis, [(step, run name)] where each later run begins)."""
     records, marks, offset = [], [], 0
     for k, path in enumerate(log_paths):
-        with open(path) as f:
-            lines = [json.loads(line) for line in f if line.strip().endswith("}")]
+        lines = read_log(path)
         if k and lines:
             start = started_from(path, log_paths[k - 1])
             if start is not None:  # cut the run before where this one branched off it

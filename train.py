@@ -320,8 +320,7 @@ if export_only:
     export(step)
     sys.exit(0)
 if master:  # log.jsonl holds this run's steps: a resumed run drops what came after its checkpoint
-    records = [json.loads(line) for line in open(log_path) if line.rstrip().endswith("}")] \
-        if resume_from and os.path.exists(log_path) else []  # a line cut short by the crash is dropped
+    records = runs.read_log(log_path) if resume_from and os.path.exists(log_path) else []  # its steps so far
     with open(log_path, "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in records if record["step"] <= step)
 if wandb_log and master:
@@ -397,14 +396,15 @@ while step < max_iters:
                            float(0 < checkpoint_minutes * 60 < time.time() - last_save)], device=run_device)
     if distributed:
         dist.all_reduce(counts)
-    window["skipped_count"] += int(counts[0])
-    skipped_rows_total += int(counts[0])  # every step, so a checkpoint at any step saves it
-    stopping = bool(counts[2] > 0)
-    if step % log_interval == 0 or step in (1, max_iters) or counts[1] > 0 or stopping:
+    skipped_now, slow, signalled, save_due = counts.tolist()  # one read back to the host
+    window["skipped_count"] += int(skipped_now)
+    skipped_rows_total += int(skipped_now)  # every step, so a checkpoint at any step saves it
+    stopping = signalled > 0
+    if step % log_interval == 0 or step in (1, max_iters) or slow > 0 or stopping:
         log_step(step, stats, lr, grad_norm)
     if bad_in_row >= max_bad_steps:
         break
-    if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints or stopping or counts[3] > 0:
+    if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints or stopping or save_due > 0:
         finite = not problem and train_step.parameters_finite(trainable)  # a checkpoint only of weights that are numbers
         if finite:
             save_checkpoint(step)

@@ -195,9 +195,7 @@ class Results:
 
     def write(self):
         if self.path:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            Path(self.path + ".tmp").write_text(json.dumps(self.data, indent=2))
-            os.replace(self.path + ".tmp", self.path)
+            common.write_json(self.path, self.data)
 
 
 def attempt(results, section, name, measure, *args):
@@ -371,36 +369,19 @@ def measure_eval(results, embedder, toy, device):
 
 
 def measure_startup(results, num_rows):
-    """Section 7: reading num_rows rows of a synthetic mmE5 download (synthetic.mmE5_download) as --check_data=True
-    reads them (every row, every image path) and as a training start reads them (then packed), each in a process of
-    its own: rows per second, the packed rows' bytes a row (what every rank holds for the whole run) and the growth
-    of the resident memory to its peak while reading, a row. Both scale with the rows: the paper's 2.03M is
-    extrapolated from them."""
+    """Section 7: reading num_rows rows of a synthetic mmE5 download as --check_data=True reads them and as a
+    training start reads them, each in a process of its own (synthetic.startup_figures): rows per second, the packed
+    rows' bytes a row (what every rank holds for the whole run) and the growth of the resident memory to its peak
+    while reading, a row, and the paper's 2.03M rows extrapolated from them."""
     print(f"7. start-up: {num_rows:,} rows in the mmE5-MMEB-hardneg layout (20 subsets, list-literal negatives), "
           "each reading in a process of its own", flush=True)
-    measured = {}
-    with tempfile.TemporaryDirectory(prefix="pace_startup_") as folder:
-        root = synthetic.mmE5_download(folder, num_rows, num_hard_negatives, seed)
-        for mode in ("check", "train"):
-            run = subprocess.run([sys.executable, "-m", "bench.synthetic", root, folder, str(num_hard_negatives),
-                                  str(seed), mode], cwd=os.path.dirname(_here), capture_output=True, text=True)
-            if run.returncode:
-                raise RuntimeError(f"bench.synthetic {mode} failed: {run.stderr[-2000:]}")
-            measured[mode] = json.loads(run.stdout.strip().splitlines()[-1])
-    check, train = measured["check"], measured["train"]
-    paper = 2_030_000
-    per_row = {key: train[key] / train["rows"] for key in ("seconds", "peak_growth", "packed")}
-    row = {"name": "startup", "rows": train["rows"], "subsets": train["subsets"],
-           "check_data_rows_per_s": check["rows"] / check["seconds"], "training_start_rows_per_s": 1 / per_row["seconds"],
-           "packed_bytes_per_row": per_row["packed"], "peak_growth_bytes_per_row": per_row["peak_growth"],
-           "paper_rows": paper, "paper_check_data_s": paper * check["seconds"] / check["rows"],
-           "paper_training_start_s": paper * per_row["seconds"], "paper_packed_gb": paper * per_row["packed"] / 2**30,
-           "paper_peak_growth_gb": paper * per_row["peak_growth"] / 2**30}
+    row = synthetic.startup_figures(num_rows, num_hard_negatives, seed)
     results.add("startup", row, f"  check_data {row['check_data_rows_per_s']:,.0f} rows/s | training start "
-                f"{row['training_start_rows_per_s']:,.0f} rows/s | {per_row['packed']:,.0f} bytes a row packed, peak "
-                f"growth {per_row['peak_growth']:,.0f} bytes a row | the paper's {paper:,} rows: check_data about "
-                f"{row['paper_check_data_s']:,.0f} s, training start about {row['paper_training_start_s']:,.0f} s and "
-                f"{row['paper_packed_gb']:.2f} GB packed per rank (peak {row['paper_peak_growth_gb']:.2f} GB)")
+                f"{row['training_start_rows_per_s']:,.0f} rows/s | {row['packed_bytes_per_row']:,.0f} bytes a row "
+                f"packed, peak growth {row['peak_growth_bytes_per_row']:,.0f} bytes a row | the paper's "
+                f"{row['paper_rows']:,} rows: check_data about {row['paper_check_data_s']:,.0f} s, training start "
+                f"about {row['paper_training_start_s']:,.0f} s and {row['paper_packed_gb']:.2f} GB packed per rank "
+                f"(peak {row['paper_peak_growth_gb']:.2f} GB)")
 
 
 # -----------------------------------------------------------------------------

@@ -9,13 +9,22 @@ a synthetic download in mmE5's real layout for the start-up figures.
     embedder = random_embedder("qwen3.5-0.8b", preprocessor, torch.device("cuda"))
     batch = collate(preprocessor, items, 32, CUTS["sorted, equal chunks"])      # collate_train under the simple rule
     root = mmE5_download("/tmp/mmE5", 200_000, num_negatives=5, seed=0)        # Parquet subsets and empty images
+    row = startup_figures(200_000, num_negatives=5, seed=0)                     # reading it: rows/s, bytes a row
 """
+import contextlib
 import copy
 import functools
+import io
+import json
 import math
 import os
 import random
+import resource
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -261,6 +270,7 @@ def collate(preprocessor, items, max_items, cut=batching.split_by_length):
 # a download in mmE5's layout, for the start-up figures
 
 SUBSETS = mmeb.TRAIN_SUBSETS  # MMEB-train's 20 (mmE5-MMEB-hardneg has these and four more)
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where python -m bench.synthetic runs
 
 
 def mmE5_download(folder, num_rows, num_negatives, seed, images_per_subset=1000):
@@ -302,11 +312,6 @@ def load_and_measure(root, image_dir, num_negatives, seed, check):
     """In a process of its own (python -m bench.synthetic ROOT IMAGE_DIR K SEED MODE): data.load_train_rows of a
     download, printing one JSON line with its rows, seconds, packed bytes and the growth of the resident memory to
     its peak. A process of its own, so the peak is this load's alone."""
-    import contextlib
-    import io
-    import json
-    import resource
-    import time
     with open("/proc/self/statm") as f:
         before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # resident bytes now
     start = time.perf_counter()
@@ -318,6 +323,27 @@ def load_and_measure(root, image_dir, num_negatives, seed, check):
                       "packed": len(rows.buffer) + rows.offsets.nbytes}))
 
 
+def startup_figures(num_rows, num_negatives, seed, paper=2_030_000):
+    """The bench's start-up row: num_rows rows of mmE5_download read as --check_data=True and as a training start
+    read them (load_and_measure, each in a process of its own), per row, and extrapolated to the paper's rows."""
+    measured = {}
+    with tempfile.TemporaryDirectory(prefix="pace_startup_") as folder:
+        root = mmE5_download(folder, num_rows, num_negatives, seed)
+        for mode in ("check", "train"):
+            run = subprocess.run([sys.executable, "-m", "bench.synthetic", root, folder, str(num_negatives), str(seed),
+                                  mode], cwd=REPOSITORY, capture_output=True, text=True)
+            if run.returncode:
+                raise RuntimeError(f"bench.synthetic {mode} failed: {run.stderr[-2000:]}")
+            measured[mode] = json.loads(run.stdout.strip().splitlines()[-1])
+    check, train = measured["check"], measured["train"]
+    per_row = {key: train[key] / train["rows"] for key in ("seconds", "peak_growth", "packed")}
+    return {"name": "startup", "rows": train["rows"], "subsets": train["subsets"],
+            "check_data_rows_per_s": check["rows"] / check["seconds"], "training_start_rows_per_s": 1 / per_row["seconds"],
+            "packed_bytes_per_row": per_row["packed"], "peak_growth_bytes_per_row": per_row["peak_growth"],
+            "paper_rows": paper, "paper_check_data_s": paper * check["seconds"] / check["rows"],
+            "paper_training_start_s": paper * per_row["seconds"], "paper_packed_gb": paper * per_row["packed"] / 2**30,
+            "paper_peak_growth_gb": paper * per_row["peak_growth"] / 2**30}
+
+
 if __name__ == "__main__":
-    import sys
     load_and_measure(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "check")
