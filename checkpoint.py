@@ -419,3 +419,12 @@ def load_embedder(path, dtype=torch.float32, **preprocessor_args):
     load_state(state, path)
     set_model_state_dict(embedder, state["model"])
     return embedder, info
+
+
+def load_for_inference(path, dtype, device, max_length, max_pixels, similarity=""):
+    """load_embedder as eval.py, search.py and mine.py use it: dtype a name ('float32', 'bfloat16'), max_pixels 0
+    for the checkpoint's own budget, the model on device in eval mode. similarity: what to score with; '' = what
+    the checkpoint was trained with (its pace.json), cosine for a plain release. -> (embedder, info, similarity)"""
+    embedder, info = load_embedder(path, getattr(torch, dtype), max_length=max_length,
+                                   **({"max_pixels": max_pixels} if max_pixels else {}))
+    return embedder.to(device).eval(), info, similarity or info.get("similarity") or "cos"

@@ -113,6 +113,17 @@ def shared_rows(compute, n, rank, world_size):
     return tuple(whole)
 
 
+@contextlib.contextmanager
+def torch_threads(count):
+    """torch's CPU threads set to `count` inside the block, and what they were restored after it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def worker_count(wanted):
     """DataLoader workers: `wanted`, but never more than this process's share of the cores (os.sched_getaffinity,
     divided among torchrun's local ranks), since more only wait on each other and torch warns about them."""

@@ -150,17 +150,15 @@ def print_help(script, doc, config):
     head = doc.strip().split("\n\n")[:2]
     print("\n\n".join(head) + "\n" if head and head[0] else "", end="")
     print(f"\nusage: python {name} [config/FILE.py ...] [--key=value ...]   (later arguments win)\n")
-    comments = key_comments(script)
+    print_config(config, key_comments(script))
+
+
+def print_config(config, comments=None):
+    """Every `key = value`, aligned, each with its comment from `comments` ({key: comment}) where it has one."""
     width = max(map(len, config), default=0)
     for key, value in config.items():
-        comment = comments.get(key, "")
+        comment = (comments or {}).get(key, "")
         print(f"{key:<{width}} = {value!r}" + (f"  # {comment}" if comment else ""))
-
-
-def print_config(config):
-    width = max(map(len, config), default=0)
-    for key, value in config.items():
-        print(f"{key:<{width}} = {value!r}")
 
 
 def check_choice(key, value, allowed):

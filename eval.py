@@ -53,7 +53,6 @@ import diagnostics
 import loss
 import mmeb
 import plot
-from checkpoint import load_embedder
 from common import UserError
 from model import kernel_report
 
@@ -409,10 +408,9 @@ def main(argv=None):
         configurator.print_config(config)
         print(kernel_report(run_device))
     started = time.time()
-    embedder, info = load_embedder(config["init_from"], getattr(torch, config["dtype"]), max_length=config["max_length"],
-                                   **({"max_pixels": config["max_pixels"]} if config["max_pixels"] else {}))
-    embedder.to(run_device).eval()
-    similarity = config["similarity"] or info.get("similarity") or "cos"
+    embedder, info, similarity = checkpoint.load_for_inference(config["init_from"], config["dtype"], run_device,
+                                                               config["max_length"], config["max_pixels"],
+                                                               config["similarity"])
     if not (config["similarity"] or info.get("similarity")):
         log(f"{config['init_from']} does not say what it was trained with (no pace.json similarity): ranking by cosine")
     names = mmeb_names + other_names

@@ -43,7 +43,6 @@ import configurator
 import data
 import eval as evaluation
 import loss
-from checkpoint import load_embedder
 from common import UserError
 from model import Embedder, Preprocessor, mrope_positions
 
@@ -342,11 +341,9 @@ def write_subsets(rows, items, blocks, index, score, judged, config):
 
 def embed_and_retrieve(config, rows, blocks, rank, world, run_device):
     """-> (items, pool (N, pool_size) item indices, scores (N, pool_size)), the same on every rank."""
-    embedder, info = load_embedder(config["init_from"], getattr(torch, config["dtype"]),
-                                   max_length=config["max_length"],
-                                   **({"max_pixels": config["max_pixels"]} if config["max_pixels"] else {}))
-    embedder.to(run_device).eval()
-    similarity = config["similarity"] or info.get("similarity") or "cos"
+    embedder, _, similarity = checkpoint.load_for_inference(config["init_from"], config["dtype"], run_device,
+                                                            config["max_length"], config["max_pixels"],
+                                                            config["similarity"])
     items, query_index, candidate_index = evaluation.distinct_items(rows)
     embeddings = evaluation.encode_shared(embedder, items, config["batch_size"],
                                           common.worker_count(config["num_workers"]), rank, world,

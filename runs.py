@@ -190,16 +190,12 @@ def finished(info, max_iters, export_info):
 # -----------------------------------------------------------------------------
 # the step folders of an out_dir
 
-def earlier_run(out_dir):
-    """What an earlier run left in out_dir that a fresh run must not mix with: its step folders and export/."""
-    export = os.path.join(out_dir, "export")
-    return complete(out_dir) + ([export] if os.path.isdir(export) else [])
-
-
 def refuse_mixing(out_dir, fresh, overwrite):
     """A fresh run where an earlier run's checkpoints are is refused, naming them, unless overwrite. -> what the
-    earlier run left (to delete with overwrite), [] for a resume"""
-    earlier = earlier_run(out_dir) if fresh else []
+    earlier run left that a fresh run must not mix with (its step folders and export/, to delete with overwrite),
+    [] for a resume"""
+    export = os.path.join(out_dir, "export")
+    earlier = complete(out_dir) + ([export] if os.path.isdir(export) else []) if fresh else []
     if earlier and not overwrite:
         raise UserError(f"{out_dir} holds an earlier run ({', '.join(map(os.path.basename, earlier))}): continue it "
                         "with --resume=True, write elsewhere with --out_dir=..., or start over with --overwrite=True "
@@ -207,16 +203,16 @@ def refuse_mixing(out_dir, fresh, overwrite):
     return earlier
 
 
-def clear(out_dir, doomed):
-    """Rank 0, before anything is written: remove what a run that stopped while writing left, and `doomed` (the
-    earlier run's folders and log, for overwrite=True), saying so."""
+def clear(out_dir, earlier):
+    """Rank 0, before anything is written: remove what a run that stopped while writing left, and for overwrite=True
+    what refuse_mixing found of an earlier run (`earlier`), with its log.jsonl, saying so."""
     os.makedirs(out_dir, exist_ok=True)
     for path in remove_unfinished(out_dir):
         print(f"removed {path}, left unfinished by a run that stopped while writing it")
-    for path in doomed:
+    for path in earlier + ([os.path.join(out_dir, "log.jsonl")] if earlier else []):
         remove(path)
-    if doomed:
-        print(f"overwrite=True: deleted the earlier run's {', '.join(os.path.basename(p) for p in doomed[:-1])}")
+    if earlier:
+        print(f"overwrite=True: deleted the earlier run's {', '.join(os.path.basename(p) for p in earlier)}")
 
 
 def remove_unfinished(out_dir):

@@ -38,7 +38,6 @@ import common
 import configurator
 import loss
 import plot
-from checkpoint import load_embedder
 from common import UserError
 from mmeb import IMAGE_MARKER, IMAGE_SUFFIXES, is_junk
 from model import kernel_report
@@ -279,11 +278,10 @@ def main(argv=None):
                         "query with --query_text, --query_image or --queries")
     stored = None if items else read_vectors(config["vectors"])  # a bad vectors file fails before the model loads
     _, _, _, run_device = common.compute_init(config["device"])
-    embedder, info = load_embedder(config["init_from"], getattr(torch, config["dtype"]), max_length=config["max_length"],
-                                   **({"max_pixels": config["max_pixels"]} if config["max_pixels"] else {}))
-    embedder.to(run_device).eval()
+    embedder, info, similarity = checkpoint.load_for_inference(config["init_from"], config["dtype"], run_device,
+                                                               config["max_length"], config["max_pixels"],
+                                                               config["similarity"])
     print(kernel_report(run_device))
-    similarity = config["similarity"] or info.get("similarity") or "cos"
     if items:
         stored = index(embedder, items, similarity, config["vectors"], config["init_from"], config["batch_size"],
                        common.worker_count(config["num_workers"]))

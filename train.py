@@ -156,7 +156,7 @@ atexit.register(runs.release_lock, lock)
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
 earlier = runs.refuse_mixing(out_dir, fresh=not (resume or export_only), overwrite=overwrite)  # every rank alike
 if master:
-    runs.clear(out_dir, earlier + [log_path] if earlier else [])  # what a crash left; with overwrite, the earlier run
+    runs.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
 barrier()
 resume_from = common.on_rank_zero(lambda: runs.newest_intact(out_dir) if resume or export_only else None)

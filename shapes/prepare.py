@@ -49,6 +49,7 @@ from PIL import Image, ImageDraw
 from mmeb import IMAGE_CANDIDATE, IMAGE_MARKER, PAPER_INSTRUCTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+DATA_DIR = os.path.join(ROOT, "data", "shapes")  # where the toy is written (data/ is git-ignored: the user's data)
 
 COLOURS = {"red": (220, 50, 47), "green": (50, 160, 60), "blue": (40, 90, 220), "yellow": (235, 195, 30),
            "purple": (140, 70, 190), "orange": (245, 130, 30)}
@@ -301,7 +302,7 @@ def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, im
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--out_dir", default=os.path.join(ROOT, "data", "shapes"), help="default: data/shapes")
+    parser.add_argument("--out_dir", default=DATA_DIR, help="default: data/shapes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num_train", type=int, default=2000, help="training rows, over the five task formats")
     parser.add_argument("--num_eval", type=int, default=100, help="queries per evaluation dataset")

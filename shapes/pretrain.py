@@ -41,9 +41,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import UserError, compute_init, duration, write_json
+from common import UserError, compute_init, duration, torch_threads, write_json
 from mmeb import IMAGE_MARKER
-from shapes.prepare import GROUNDING, IMAGE_TO_TEXT, ROOT, TEXT_TO_IMAGE, UNSEEN
+from shapes.prepare import DATA_DIR, GROUNDING, IMAGE_TO_TEXT, TEXT_TO_IMAGE, UNSEEN
 
 EPOCHS = 5  # the default length: 5 passes over the examples, 297 steps on the toy's 1,900 (about 100 s on one core)
 BATCH_SIZE = 32
@@ -207,12 +207,8 @@ def pretrain(checkpoint, train_jsonl, image_dir, steps=None, batch_size=BATCH_SI
     docstring) for `steps` steps (None: EPOCHS passes over the training examples). Deterministic: the same folder,
     data and seed give byte-identical weights. -> the summary written to checkpoint/pretraining.json"""
     compute_init("cpu")  # transformers binds the PyTorch reference kernels, as on every CPU run here
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return _pretrain(checkpoint, train_jsonl, image_dir, steps, batch_size, peak_lr, seed, log_every)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _pretrain(checkpoint, train_jsonl, image_dir, steps, batch_size, peak_lr, seed, log_every):
@@ -303,19 +299,15 @@ def norm_spread(checkpoint, eval_dir, image_dir, threads=1):
     contrastive training. -> {"items", "mean", "std", "cv"}: cv = std / mean"""
     from model import Embedder
     compute_init("cpu")
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)
         norms = embedder.encode(evaluation_items(eval_dir, image_dir), batch_size=32, progress="norms").norm(dim=1).double()
-    finally:
-        torch.set_num_threads(previous_threads)
     return {"items": len(norms), "mean": norms.mean().item(), "std": norms.std().item(),
             "cv": (norms.std() / norms.mean()).item()}
 
 
 def main(argv=None):
-    data = os.path.join(ROOT, "data", "shapes")
+    data = DATA_DIR
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--checkpoint", default=os.path.join(data, "tiny-qwen3.5"), help="pretrained in place")
     parser.add_argument("--train_jsonl", default=os.path.join(data, "train.jsonl"))

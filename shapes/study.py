@@ -56,8 +56,7 @@ from PIL import Image
 import plot
 from common import UserError, duration, install_error_hook, write_json, write_text
 from configurator import file_values
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+from shapes.prepare import DATA_DIR, ROOT  # the toy's folder, the repository
 
 # the toy's recipe, as its configs set it
 TOY_I = file_values(os.path.join(ROOT, "config", "shapes_stage1.py"))
@@ -102,7 +101,7 @@ def parse_args(argv=None):
     parser.add_argument("--methods", type=lambda text: text.split(","), default=list(METHODS),
                         help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "out", "study"))
-    parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "shapes"),
+    parser.add_argument("--data_dir", default=DATA_DIR,
                         help="the toy data and tiny model (shapes/prepare.py writes them there when missing)")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--start_step", type=int, default=100, help="Stage II starts from this step of Stage I (the "
@@ -184,7 +183,7 @@ def run_jobs(jobs, parallel):
             print(f"start {job['name']} (output in {job['log']})", flush=True)
         if not running:
             raise UserError(f"{todo[0]['name']} needs {todo[0]['needs']}, which no job writes (runs made "
-                             "with another --start_step?)")
+                            "with another --start_step?)")
         time.sleep(1)
         for process, job, began in [entry for entry in running if entry[0].poll() is not None]:
             running.remove((process, job, began))
@@ -192,7 +191,7 @@ def run_jobs(jobs, parallel):
                 for other, _, _ in running:
                     other.terminate()
                 raise UserError(f"{job['name']} failed (exit {process.returncode}), see {job['log']}; "
-                                 "run the study again to resume")
+                                "run the study again to resume")
             done_cost, left_cost = done_cost + job["cost"], left_cost - job["cost"]
             elapsed = time.time() - start
             print(f"done {job['name']} in {duration(time.time() - began)} | {count - len(todo) - len(running)}/{count}"

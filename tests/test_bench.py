@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
+import common
 import lora
 from bench import bench, fla_check, synthetic
 from model import step_flops
@@ -101,11 +101,8 @@ def test_startup_reads_a_download_in_the_mmE5_layout_and_extrapolates(tmp_path):
 def test_fla_check_passes_a_second_reference_and_fails_a_wrong_one():
     # On a CPU, transformers' token-by-token reference stands in for fla's kernel; one with v's sign flipped is wrong
     # transformers' token-by-token PyTorch gated delta rule: a second, independent reference
-    recurrent, threads = fla_check.reference("torch_recurrent_gated_delta_rule"), torch.get_num_threads()
-    torch.set_num_threads(1)  # many small ops: more threads only wait on each other
-    try:
+    recurrent = fla_check.reference("torch_recurrent_gated_delta_rule")
+    with common.torch_threads(1):  # many small ops: more threads only wait on each other
         assert max(fla_check.check(recurrent, "cpu", tokens=70).values()) <= fla_check.TOLERANCE
         wrong = fla_check.check(lambda q, k, v, **args: recurrent(q, k, -v, **args), "cpu", tokens=70)
-    finally:
-        torch.set_num_threads(threads)
     assert wrong["output"] > 1 and wrong["grad v"] > 1

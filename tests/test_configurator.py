@@ -4,7 +4,6 @@ one-line errors, progress lines and W&B run ids.
 
     python -m pytest -q tests/test_configurator.py
 """
-import ast
 import json
 import os
 import re
@@ -15,6 +14,7 @@ import pytest
 
 from common import UserError, write_json
 from configurator import configure, print_config
+from tests.toyrun import script_defaults
 
 
 def script_globals():
@@ -143,17 +143,6 @@ def test_config_round_trips_through_json(tmp_path, capsys):
 # the repository's own configs and scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def script_defaults(script):
-    """A script's config keys and defaults, as its own --help prints them (`key = repr  # comment`), read back."""
-    run = subprocess.run([sys.executable, script, '--help'], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    defaults = {}
-    for line in run.stdout.split('usage:', 1)[1].splitlines()[2:]:
-        key, value = re.match(r'(\w+) += (.*?)(?:  # .*)?$', line).groups()
-        defaults[key] = ast.literal_eval(value)
-    return defaults
 
 
 TOY_PATHS = ['--init_from=data/shapes/tiny-qwen3.5', "--train_data=['data/shapes/train.jsonl']",

@@ -9,6 +9,7 @@ sampling; an interrupted judge run resumed; two gloo ranks against one process.
 """
 import ast
 import json
+import functools
 import os
 import socket
 import subprocess
@@ -156,14 +157,20 @@ def test_near_duplicates_of_the_positive_are_dropped(toy, mined, embedder):
     assert after.max() <= threshold + 1e-5 < before.max()
 
 
+@functools.lru_cache(maxsize=None)
+def plain_transformers(path):
+    """The tokenizer, image processor and generative model of a checkpoint folder, as transformers loads them."""
+    from transformers import Qwen3_5ForConditionalGeneration, Qwen3_5Tokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    processor = Qwen2VLImageProcessorPil.from_pretrained(path)
+    processor.size = dict(processor.size, longest_edge=MAX_PIXELS)
+    return Qwen3_5Tokenizer.from_pretrained(path), processor, Qwen3_5ForConditionalGeneration.from_pretrained(path).eval()
+
+
 def independent_judge_score(toy, query, candidate):
     """s = softmax(logit_yes, logit_no)[0] for one pair, with plain transformers: the prompt of mine.JudgePrompt's
     docstring as one string, the image processor's own pixels and transformers' own rotary positions."""
-    from transformers import Qwen3_5ForConditionalGeneration, Qwen3_5Tokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    tokenizer = Qwen3_5Tokenizer.from_pretrained(toy["tiny"])
-    processor = Qwen2VLImageProcessorPil.from_pretrained(toy["tiny"])
-    processor.size = dict(processor.size, longest_edge=MAX_PIXELS)
+    tokenizer, processor, model = plain_transformers(toy["tiny"])
     texts, pixels, grids = [], [], []
     for item in (query, candidate):
         text = item["text"]
@@ -178,7 +185,6 @@ def independent_judge_score(toy, query, candidate):
     prompt = (f"<|im_start|>user\n{mine.JudgePrompt.PROMPT}\nQuery:\n{texts[0]}\nCandidate:\n{texts[1]}<|im_end|>\n"
               "<|im_start|>assistant\n")
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-    model = Qwen3_5ForConditionalGeneration.from_pretrained(toy["tiny"]).eval()
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
                        mm_token_type_ids=(ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int(),

@@ -48,7 +48,7 @@ def pooled_with_norm_input(embedder, items):
     return pooled.double(), x[rows, last].double()
 
 
-def test_embedding_norm_is_a_function_of_its_direction(spread_checkpoint, toy, tmp_path):
+def test_embedding_norm_is_a_function_of_its_direction(spread_checkpoint, tiny_checkpoint, toy):
     """|e| = sqrt(D) / |e^ / (1 + w)| / sqrt(1 + eps / mean(x^2)): Qwen3.5's final norm gives e = (1 + w) x / rms(x),
     so the norm is fixed by the embedding's own direction e^ (up to the eps term), whatever the input."""
     embedder = Embedder.from_pretrained(spread_checkpoint).eval()
@@ -70,15 +70,15 @@ def test_embedding_norm_is_a_function_of_its_direction(spread_checkpoint, toy, t
     assert norms.std() / norms.mean() > 1e-3  # the norms vary across items, as a release's do
 
     # the default, uniform final norm: every embedding has norm sqrt(D) (up to eps)
-    uniform = Embedder.from_pretrained(make_tiny_checkpoint(str(tmp_path / "uniform"))).eval()
+    uniform = Embedder.from_pretrained(tiny_checkpoint).eval()  # conftest's: seed 0, the default final norm
     assert torch.count_nonzero(uniform.model.language_model.norm.weight) == 0
     e, x = pooled_with_norm_input(uniform, items)
     expected = math.sqrt(dim) / (1 + eps / x.pow(2).mean(dim=1)).sqrt()
     torch.testing.assert_close(e.norm(dim=1), expected, rtol=2e-6, atol=0)
 
 
-def test_final_norm_std_changes_that_weight_alone(spread_checkpoint, tmp_path):
-    uniform = load_file(os.path.join(make_tiny_checkpoint(str(tmp_path / "uniform"), seed=0), "model.safetensors"))
+def test_final_norm_std_changes_that_weight_alone(spread_checkpoint, tiny_checkpoint):
+    uniform = load_file(os.path.join(tiny_checkpoint, "model.safetensors"))  # seed 0 too, the default final norm
     spread = load_file(os.path.join(spread_checkpoint, "model.safetensors"))
     key = "model.language_model.norm.weight"
     assert uniform.keys() == spread.keys() and torch.count_nonzero(uniform[key]) == 0
@@ -107,7 +107,7 @@ def test_pretraining_reads_training_scenes_only(toy, tmp_path):
             pretrain.captioning_examples(str(path))
 
 
-def test_pretraining_is_deterministic_and_learns(toy, tmp_path):
+def test_pretraining_is_deterministic_and_learns(toy, spread_checkpoint, tmp_path):
     """A very short pretraining: the same seed gives byte-identical weights, another seed others; the loss falls;
     the folder keeps the release layout and loads as an Embedder."""
     def run(name, seed, steps=4):
@@ -129,8 +129,7 @@ def test_pretraining_is_deterministic_and_learns(toy, tmp_path):
                  "preprocessor_config.json", "video_preprocessor_config.json"]:
         assert os.path.isfile(os.path.join(first, name)), name
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path))
-    random = load_file(os.path.join(make_tiny_checkpoint(str(tmp_path / "random"), seed=0,
-                                                         final_norm_std=FINAL_NORM_STD), "model.safetensors"))
+    random = load_file(os.path.join(spread_checkpoint, "model.safetensors"))  # what run() pretrained from
     trained = load_file(os.path.join(first, "model.safetensors"))
     changed = ("model.language_model.norm.weight", "model.visual.blocks.0.mlp.linear_fc1.weight")  # the tower trains
     assert all(not torch.equal(random[key], trained[key]) for key in changed)

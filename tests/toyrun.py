@@ -3,8 +3,12 @@ Runs of train.py on the toy benchmark for the tests (tests/test_train.py, tests/
 subprocess (one process or a 2-rank torchrun), read its log, compare two runs step by step. The toy data and the
 straight run they compare against are conftest.py's session fixtures `toy` and `straight`.
 """
+import ast
+import copy
+import functools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +16,23 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def script_defaults(script):
+    """A script's config keys and defaults, as its own --help prints them (`key = repr  # comment`), read back: a
+    copy of what one --help a test run printed, the caller's to change."""
+    return copy.deepcopy(help_defaults(script))
+
+
+@functools.lru_cache(maxsize=None)
+def help_defaults(script):
+    run = subprocess.run([sys.executable, script, '--help'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    defaults = {}
+    for line in run.stdout.split('usage:', 1)[1].splitlines()[2:]:
+        key, value = re.match(r'(\w+) += (.*?)(?:  # .*)?$', line).groups()
+        defaults[key] = ast.literal_eval(value)
+    return defaults
 
 
 def launch(toy, out_dir, *args, nproc=1, popen=False):
