@@ -218,12 +218,16 @@ class Items(torch.utils.data.Dataset):
 
 
 def item_batches(items, preprocessor, batch_size, num_workers=0):
-    """Items ({"text", "image"} dicts) -> (indices, collated batch) pairs, batch_size items of about one length
-    each (sorted longest first, so an out-of-memory error shows at once), preprocessed in num_workers DataLoader
-    workers (0: in this process). An error names the item's index."""
+    """Items ({"text", "image"} dicts) -> (indices, collated batch) pairs by length_batches, preprocessed in
+    num_workers DataLoader workers (0: in this process). An error names the item's index."""
     lengths = [prepared(i, item, preprocessor.num_tokens) for i, item in enumerate(items)]
-    order = sorted(range(len(items)), key=lambda i: -lengths[i])
+    return length_batches(Items(items, preprocessor), lengths, batch_size, num_workers, preprocessor.collate)
+
+
+def length_batches(dataset, lengths, batch_size, num_workers, collate_fn):
+    """(indices, collate_fn of their dataset entries) pairs, batch_size entries of about one length each (lengths,
+    sorted longest first, so an out-of-memory error shows at once), built in num_workers DataLoader workers."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-    loader = torch.utils.data.DataLoader(Items(items, preprocessor), batch_sampler=batches, num_workers=num_workers,
-                                         collate_fn=preprocessor.collate)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate_fn)
     return zip(batches, loader)

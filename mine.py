@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
+import batching
 import checkpoint
 import common
 import configurator
@@ -212,12 +213,8 @@ class Judge:
         for side in {(x.get("text") or "", x.get("image")) for pair in pairs for x in pair}:
             measured[side] = self.prompt.pre.num_tokens(*side)
         lengths = [sum(measured[x.get("text") or "", x.get("image")] for x in pair) for pair in pairs]
-        order = sorted(range(len(pairs)), key=lambda i: -lengths[i])
-        batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-        loader = torch.utils.data.DataLoader(pairs, batch_sampler=batches, num_workers=num_workers,
-                                             collate_fn=self.prompt.batch)  # built in the workers
         scores, meter = torch.empty(len(pairs), dtype=torch.float64), common.Progress(len(pairs), label, "pairs")
-        for indices, batch in zip(batches, loader):
+        for indices, batch in batching.length_batches(pairs, lengths, batch_size, num_workers, self.prompt.batch):
             hidden = self.body(**batch)  # (B, D) float32 at the last token: where the answer comes next
             logits = hidden @ self.head.T + (0 if self.bias is None else self.bias)  # (B, 2): the rows of Yes, No
             scores[indices] = logits.double().softmax(dim=-1)[:, 0].cpu()  # e_yes / (e_yes + e_no)
