@@ -1,7 +1,8 @@
 """
 common.py: what every script needs around its work (nanochat's common.py in spirit): the process and its device,
-progress lines, one-line errors for the mistakes a user must fix, atomic writes, and Weights & Biases. It imports
-no other module of this project, so every module may import it.
+progress lines, one-line errors for the mistakes a user must fix, atomic writes, Weights & Biases, and the one
+convention of the data every layer shares (IMAGE_MARKER). It imports no other module of this project, so every
+module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
@@ -23,6 +24,8 @@ import time
 import uuid
 
 import torch
+
+IMAGE_MARKER = "<|image_1|>"  # in an item's text (MMEB's and mmE5's rows): where the item's image goes
 
 
 class UserError(ValueError):
@@ -99,7 +102,7 @@ def on_rank_zero(function):
 
 def shared_rows(compute, n, rank, world_size):
     """compute(row indices) -> a tuple of tensors (one row per index), run by rank r on rows r::world_size and
-    gathered, so that every rank ends with all n rows (eval.py's and mine.py's embeddings, mine.py's pools)."""
+    gathered, so that every rank ends with all n rows (eval.py's and tools/mine.py's embeddings and pools)."""
     parts = compute(list(range(rank, n, world_size)))
     if world_size == 1:
         return parts

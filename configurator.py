@@ -1,26 +1,30 @@
 """
-configurator.py: a script's config globals, overridden by config files and --key=value flags, checked.
-
-A script defines its defaults as plain globals, one comment each, then resolves them:
+configurator.py: every script's config: its globals, overridden by config files and --key=value flags, checked.
+One idiom for every script (train.py, eval.py, the tools, bench, the toy): the defaults are plain globals with one
+comment each, and configure() overrides them in place:
 
     learning_rate = 2e-5  # AdamW peak learning rate (Table 3)
     ...
     config = configure(globals(), sys.argv[1:])  # updates the globals in place, returns the dict
 
-and is run as
+train.py calls it at the top, as nanoGPT does; a script whose functions are imported elsewhere (eval.py, tools/)
+calls it first thing in main(argv), which then reads the globals and passes them on to its functions explicitly.
+Every call starts from the values the script was written with, so main() may run twice in one process. Run as
 
     python train.py config/stage1.py --learning_rate=1e-5 --out_dir=out/run1
     python train.py --help          # every key, its default and its comment, read from the script itself
 
-Arguments apply left to right, so later ones win. Which globals are config keys: every name that does
-not start with '_' and whose value is None or an int, float, bool, str, list, tuple or dict, at the
-moment configure() is called. Modules, functions and classes are never keys; give a plain-valued
-helper a leading '_' if it must sit above the call. Unlike nanoGPT's configurator, a file or flag that
-names an unknown key fails (suggesting the closest), `--learning_rate=1` is accepted for a float default,
-and one bare value of a list key is a one-item list (`--train_data=data/x.jsonl`). Every mistake is a
-common.UserError, which the scripts print as one line.
+Arguments apply left to right, so later ones win. Config keys: every lower-case name that does not start with
+'_' and whose value is None or an int, float, bool, str, list, tuple or dict, at the moment configure() is first
+called. UPPER_CASE names are constants, never keys; modules, functions and classes neither. A bare argument
+ending in .py is a config file; a script that takes paths (tools/plot.py's run folders) names the list key they
+go to (positional=...). Unlike nanoGPT's configurator, a file or flag that names an unknown key fails
+(suggesting the closest), `--learning_rate=1` is accepted for a float default, and one bare value of a list key
+is a one-item list (`--train_data=data/x.jsonl`). A key a script has given up names what to run now (the
+script's MOVED: {key: what to run}). Every mistake is a common.UserError, which the scripts print as one line.
 """
 import ast
+import copy
 import difflib
 import os
 import re
@@ -35,12 +39,15 @@ EXAMPLES = {bool: "True or False", int: "32", float: "2e-05", list: "['a', 'b']"
 
 
 def config_keys(namespace):
-    """The config part of a namespace, in definition order: public names holding plain values."""
+    """The config part of a namespace, in definition order: public lower-case names holding plain values."""
     return {key: value for key, value in namespace.items()
-            if not key.startswith('_') and isinstance(value, CONFIG_TYPES)}
+            if not key.startswith('_') and not key.isupper() and isinstance(value, CONFIG_TYPES)}
 
 
-def unknown_key_message(key, keys, source):
+def unknown_key_message(key, keys, source, moved=None):
+    """The error of an unknown key: the closest keys, or what to run now where the script names the key MOVED."""
+    if key in (moved or {}):
+        return f"{source}: {key!r} is no longer a key of this script: {moved[key]}"
     close = difflib.get_close_matches(key, keys, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return f"{source}: unknown config key {key!r}{hint}"
@@ -70,14 +77,14 @@ def checked(key, value, default, source):
     return value
 
 
-def parse_flag(arg, config):
+def parse_flag(arg, config, moved=None):
     """'--key=value' -> (key, value). A str key keeps the raw text unless it parses to a str literal; a list key
     given one value that is not a list takes it as a one-item list."""
     if '=' not in arg:
         raise UserError(f"{arg}: expected --key=value")
     key, text = arg[2:].split('=', 1)  # only the first '=' splits: --out_dir=a=b gives 'a=b'
     if key not in config:
-        raise UserError(unknown_key_message(key, config, arg))
+        raise UserError(unknown_key_message(key, config, arg, moved))
     default = config[key]
     try:
         value = ast.literal_eval(text)
@@ -103,29 +110,33 @@ def file_values(path):
             if not key.startswith('_') and not callable(value) and not isinstance(value, types.ModuleType)}
 
 
-def read_config_file(path, config):
+def read_config_file(path, config, moved=None):
     """file_values of a config file, every name checked to be a key of config."""
     overrides = file_values(path)
     for key in overrides:
         if key not in config:
-            raise UserError(unknown_key_message(key, config, path))
+            raise UserError(unknown_key_message(key, config, path, moved))
     return overrides
 
 
-def configure(namespace, args):
-    """Apply config files and --key=value flags (in order) to namespace; return the config dict. --help (or -h)
-    prints every key with its default and comment and exits."""
-    config = config_keys(namespace)
+def configure(namespace, args, positional=None):
+    """Apply config files and --key=value flags (in order) to namespace, starting from the values the script was
+    written with; return the config dict. positional: the list key that takes bare arguments which are not config
+    files (a script's paths). --help (or -h) prints every key with its default and comment and exits 0."""
+    defaults = namespace.setdefault('_config_defaults', copy.deepcopy(config_keys(namespace)))
+    config = copy.deepcopy(defaults)
     if '--help' in args or '-h' in args:
         print_help(namespace.get('__file__', ''), namespace.get('__doc__') or '', config)
         sys.exit(0)
     for arg in args:
         if arg.startswith('--'):
-            key, value = parse_flag(arg, config)
+            key, value = parse_flag(arg, config, namespace.get('MOVED'))
             config[key] = checked(key, value, config[key], arg)
-        else:
-            for key, value in read_config_file(arg, config).items():
+        elif arg.endswith('.py') or positional is None:
+            for key, value in read_config_file(arg, config, namespace.get('MOVED')).items():
                 config[key] = checked(key, value, config[key], arg)
+        else:
+            config[positional] = list(config[positional]) + [arg]
     namespace.update(config)
     return config
 
@@ -146,10 +157,14 @@ def key_comments(script):
 def print_help(script, doc, config):
     """`python SCRIPT --help`: the start of the script's docstring (what it is, how to run it), then every
     `key = default  # comment`."""
-    name = os.path.basename(script) or "this script"
+    folder, name = os.path.split(os.path.abspath(script)) if script else ("", "this script")
+    if os.path.isfile(os.path.join(folder, "__init__.py")):  # a folder's script runs as python -m folder.script
+        command = f"python -m {os.path.basename(folder)}.{os.path.splitext(name)[0]}"
+    else:
+        command = f"python {name}"
     head = doc.strip().split("\n\n")[:2]
     print("\n\n".join(head) + "\n" if head and head[0] else "", end="")
-    print(f"\nusage: python {name} [config/FILE.py ...] [--key=value ...]   (later arguments win)\n")
+    print(f"\nusage: {command} [config/FILE.py ...] [--key=value ...]   (later arguments win)\n")
     print_config(config, key_comments(script))
 
 

@@ -1,11 +1,11 @@
 """
-eval.py: MMEB Precision@1 of an embedder, per dataset and as the paper's Table 8, with the geometry
-diagnostics of Sections 3.2 and 6 and Appendix C.2.
+eval.py: MMEB Precision@1 of an embedder, per dataset and as the paper's Table 8.
 
     python eval.py --init_from=out/stage2/export --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images
     torchrun --nproc_per_node=8 eval.py --init_from=out/stage2/step_002000 --mmeb_dir=... --image_dir=...
     python eval.py config/shapes_eval.py                          # the toy benchmark, the toy's Stage II export
     python eval.py --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images --check_data=True   # no model
+    python -m tools.geometry out/shapes_eval.json                 # then the geometry diagnostics, drawn
 
 init_from is a Hugging Face folder (a release or an export/) or a training step folder. The config globals below
 are the defaults; main() resolves config files and --key=value over them and passes the values on explicitly.
@@ -20,17 +20,18 @@ Precision@1: a query is a hit when its gold candidate (index 0) scores strictly 
 of its row; a tie with the gold is a miss (a model that maps everything to one vector scores 0, not 100), and
 tied rows are counted. precision_at_1_argmax is the official MMEB scorer's reading (np.argmax, the first of
 equal scores, so a tie goes to the gold), to set beside published numbers. Scores are s_dot (eq. 2) or s_cos
-(eq. 1): by default the one the checkpoint was trained with (PACE ranks by the dot product). Queries carry the
-paper's instructions (instructions='paper', mmeb.py) or their datasets' own ('dataset'); per dataset the JSON
-says how many were rewritten or kept, and which layout (v1, or MMEB-V2's instruction columns) was read.
+(eq. 1): by default the checkpoint's own, its embedding spec's (PACE ranks by the dot product). Queries carry the
+paper's instructions (instructions='paper', readers/mmeb.py) or their datasets' own ('dataset'); per dataset the
+JSON says how many were rewritten or kept, and which layout (v1, or MMEB-V2's instruction columns) was read.
 
 Speed: MMEB rows share candidates heavily, so each dataset's distinct (text, image) items are encoded once,
 in length-sorted batches. Under torchrun each rank encodes a strided share and the shares are gathered; every
-rank scores all rows, rank 0 prints and writes.
+rank scores all rows, rank 0 prints and writes. Each finished dataset is kept in <stem>_datasets/, keyed to the
+checkpoint, its embedding spec and every setting that changes a score: a rerun reads it back.
 
-Geometry (geometry=True, diagnostics.py): the Pearson r between the standardised log norm product and cos(q, c+)
-over matched pairs, the cosine of random query-candidate pairs, norm statistics, the PCA of the l2-normalised
-embeddings, drawn beside `out` (<stem>_geometry.png); geometry_train_data measures them on training rows too.
+Beside the scores it keeps what the tools draw from: with geometry=True, a sample of each dataset's embeddings
+(<stem>_datasets/<name>.geometry.safetensors) for tools/geometry.py, the paper's geometry diagnostics; with
+sheet_queries > 0, each dataset's sampled queries and their top candidates, which python -m tools.plot draws.
 """
 import hashlib
 import json
@@ -43,18 +44,16 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-import checkpoint
 import common
 import configurator
-import data
-import diagnostics
 import loss
-import mmeb
-import plot
 from common import UserError
-from model import kernel_report
+from readers import mmeb
+from readers.evaluation import eval_files, find_eval_datasets, read_eval_dataset
+from runs.checkpoint import fingerprint
+from runs.export import add_evaluation, load_for_inference
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
@@ -64,21 +63,19 @@ image_dir = ""  # where the rows' image paths are relative to: where images.zip 
 datasets = []  # dataset folder names to score, e.g. ['ImageNet-1K', 'CIFAR-100']; [] = MMEB's 36 (all, if none is MMEB's)
 allow_missing_datasets = False  # a dataset folder without Parquet files: listed as omitted instead of an error
 check_data = False  # read every dataset and image path as the evaluation would, report and exit (0: it would run)
-similarity = ""  # 'dot' (eq. 2) or 'cos' (eq. 1); '' = what the checkpoint was trained with
-instructions = "paper"  # queries: 'paper' = Table 5's instruction per task format (mmeb.py), 'dataset' = their own
+similarity = ""  # 'dot' (eq. 2) or 'cos' (eq. 1); '' = the checkpoint's own (its embedding spec's)
+instructions = "paper"  # queries: 'paper' = Table 5's instruction per task format (readers/mmeb.py), 'dataset' = their own
 batch_size = 16  # items per forward pass
 num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
 max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoint's own
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # let rows name images outside image_dir
-out = "out/eval.json"  # results as JSON; the pictures go beside it (<stem>_geometry.png, <stem>_sheet_*.png)
+out = "out/eval.json"  # results as JSON; what the tools draw from goes beside it (<stem>_datasets/)
 overwrite = False  # recompute every dataset, also those an earlier run finished (kept in <stem>_datasets/) with the same key
-geometry = True  # compute the geometry diagnostics and draw them
-geometry_samples = 5000  # queries (and as many candidates) sampled for the PCA and the random pairs
-geometry_train_data = []  # training data (train.py's train_data entries) to measure the geometry on, as the paper does
-geometry_image_dir = ""  # their image_dir ('' = image_dir)
-sheet_queries = 0  # > 0: a retrieval sheet per dataset, this many queries with their top candidates
+geometry = True  # keep a sample of each dataset's embeddings for python -m tools.geometry OUT
+geometry_samples = 5000  # queries (and as many candidates) sampled over all datasets for the geometry
+sheet_queries = 0  # > 0: keep this many queries a dataset with their top candidates, drawn by python -m tools.plot OUT
 sheet_top_k = 3  # candidates a sheet shows per query
 seed = 0  # seeds the geometry samples and the sheets' queries
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
@@ -88,12 +85,14 @@ timeout_minutes = 10.0  # a collective that waits longer (a stopped or dead rank
 wandb_log = False  # log the results to the W&B run of the checkpoint's out_dir
 wandb_project = "pace"  # W&B project
 # -----------------------------------------------------------------------------
+MOVED = {key: "the geometry of training rows is python -m tools.geometry --init_from=CHECKPOINT --train_data=... "
+              "--image_dir=..." for key in ("geometry_train_data", "geometry_image_dir")}  # keys of an earlier eval.py
 
 
 def which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log):
     """-> (MMEB datasets to score, others to score, omitted for want of Parquet files, MMEB's missing ones). An
     empty dataset folder is an error unless allow_missing_datasets: silently dropping it would change the means."""
-    found, empty = mmeb.find_eval_datasets(mmeb_dir, image_dir)
+    found, empty = find_eval_datasets(mmeb_dir, image_dir)
     present = found + empty
     if datasets:
         absent = [name for name in datasets if name not in present]
@@ -203,36 +202,30 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
 
 
 # -----------------------------------------------------------------------------
-# the run
+# the run, one dataset after another, each kept as it finishes
 
-def retrieval_sheet(name, rows, scores, path, queries, top_k, seed):
-    """A PNG at path: `queries` seeded queries of a dataset with their top_k best candidates, gold framed green."""
+def sheet_rows(name, rows, scores, queries, top_k, seed):
+    """`queries` seeded queries of a dataset with their top_k best candidates, for a retrieval sheet: [{"query":
+    side, "results": [side with "score" and "gold"]}]."""
     picked = random.Random(f"{seed}/{name}").sample(range(len(rows)), min(queries, len(rows)))
     sheet = []
     for r in picked:
         top = [j for j in scores[r].argsort(descending=True).tolist() if math.isfinite(scores[r, j])][:top_k]
         sheet.append({"query": rows[r]["query"], "results": [dict(rows[r]["candidates"][j], score=float(scores[r, j]),
                                                                     gold=j == 0) for j in top]})
-    return plot.save(plot.retrieval_sheet(sheet, title=f"{name}: top {top_k}"), path)
+    return sheet
 
 
-def read_dataset(name, config, check=False):
-    """A dataset of mmeb_dir -> (rows, data.SourceReport)."""
-    return data.read_eval_dataset(os.path.join(config["mmeb_dir"], name), config["image_dir"],
-                                  config["skip_bad_rows"], config["instructions"], config["allow_any_image_path"], check)
+SCORE_KEYS = ("instructions", "dtype", "image_dir", "skip_bad_rows", "allow_any_image_path", "geometry", "seed",
+              "sheet_queries", "sheet_top_k")  # the settings that change a dataset's result (with the spec, the files)
 
 
-SCORE_KEYS = ("instructions", "max_pixels", "max_length", "dtype", "image_dir", "skip_bad_rows", "allow_any_image_path",
-              "geometry", "seed", "sheet_queries", "sheet_top_k")  # what changes a dataset's result (with the rest of its key)
-
-
-def dataset_key(name, config, similarity, fingerprint, geometry_size):
-    """What a dataset's result depends on, as a short hash: the checkpoint (its fingerprint), the similarity, the
-    settings of SCORE_KEYS, and the dataset's files (path, size, modification time)."""
-    files = [(path, os.path.getsize(path), os.stat(path).st_mtime_ns)
-             for path in mmeb.eval_files(os.path.join(config["mmeb_dir"], name))]
-    key = {"checkpoint": fingerprint, "dataset": name, "files": files, "similarity": similarity,
-           "geometry_size": geometry_size, **{k: config[k] for k in SCORE_KEYS}}
+def dataset_key(name, folder, spec, checkpoint_id, settings):
+    """What a dataset's result depends on, as a short hash: the checkpoint (its fingerprint), its embedding spec
+    (the similarity, the prompt, the budgets: model.EmbeddingSpec), the evaluation's settings, and the dataset's
+    files (path, size, modification time)."""
+    files = [(path, os.path.getsize(path), os.stat(path).st_mtime_ns) for path in eval_files(folder)]
+    key = {"checkpoint": checkpoint_id, "spec": spec.to_dict(), "dataset": name, "files": files, **settings}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -252,72 +245,75 @@ def kept_results(folder, keys, overwrite):
 
 def keep_result(folder, name, key, result, sample):
     """Write one finished dataset's result (and its geometry sample) beside the output, atomically: the JSON last,
-    so a kill loses at most the dataset in progress."""
+    so a kill loses at most the dataset in progress. Without a sample, an earlier run's is removed: the sample
+    beside a result is always that result's."""
+    path = os.path.join(folder, f"{name}.geometry.safetensors")
     if sample is not None:
-        with common.replaced_atomically(os.path.join(folder, f"{name}.geometry.safetensors")) as tmp:
+        with common.replaced_atomically(path) as tmp:
             save_file({k: v.contiguous() for k, v in sample.items()}, tmp)
+    elif os.path.exists(path):
+        os.remove(path)
     common.write_json(os.path.join(folder, f"{name}.json"), {"key": key, "result": result})
 
 
-def evaluate_all(embedder, names, config, similarity, rank, world_size, log, fingerprint):
-    """Every dataset of `names` -> (per-dataset results, the geometry samples of each dataset). A dataset an
-    earlier run with the same checkpoint and settings finished is read back, not encoded again."""
-    stem = os.path.splitext(config["out"])[0]
+def geometry_sample(embeddings, query_index, cand_index, size, generator):
+    """What the geometry diagnostics (tools/geometry.py) need of one dataset, from its embeddings (N, D) and the
+    rows' indices into them: geometry_sample_of its queries, their gold candidates and its distinct candidates."""
+    candidates = embeddings[cand_index[cand_index >= 0].unique()]  # (M, D), distinct candidates
+    return geometry_sample_of(embeddings[query_index], embeddings[cand_index[:, 0]], candidates, size, generator)
+
+
+def geometry_sample_of(query_emb, positive_emb, candidate_emb, size, generator=None):
+    """query_emb (Q, D) and positive_emb (Q, D) row by row (matched pairs), candidate_emb (M, D) -> per-pair
+    scalars for every row (the log norm product and cos(q, c+) of the Pearson r, the norms), and vectors of a
+    random sample of `size` queries and `size` candidates (the PCA and the random pairs)."""
+    query_norm, positive_norm = query_emb.norm(dim=1), positive_emb.norm(dim=1)  # (Q,), (Q,)
+    query_pick = torch.randperm(len(query_emb), generator=generator)[:size]
+    candidate_pick = torch.randperm(len(candidate_emb), generator=generator)[:size]
+    return {"log_norm_product": query_norm.clamp_min(1e-30).log() + positive_norm.clamp_min(1e-30).log(),  # (Q,)
+            "cos_positive": torch.nn.functional.cosine_similarity(query_emb, positive_emb, dim=1),  # (Q,)
+            "query_norms": query_norm, "candidate_norms": candidate_emb.norm(dim=1),  # (Q,), (M,)
+            "queries": query_emb[query_pick], "candidates": candidate_emb[candidate_pick]}  # (s, D), (s', D)
+
+
+def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, world_size, log, checkpoint_id):
+    """Every dataset of `names` -> per-dataset results, each kept in <stem>_datasets/ as it finishes (with its
+    geometry sample when settings["geometry"]). A dataset an earlier run with the same checkpoint, spec and
+    settings finished is read back, not encoded again."""
     folder = stem + "_datasets"
-    geometry_size = math.ceil(config["geometry_samples"] / len(names)) if config["geometry"] else 0  # spread evenly
-    keys = {name: dataset_key(name, config, similarity, fingerprint, geometry_size) for name in names}
-    kept = common.on_rank_zero(lambda: kept_results(folder, keys, config["overwrite"]))  # every rank skips the same
-    workers = common.worker_count(config["num_workers"])
-    per_dataset, samples = {}, []
+    geometry_size = math.ceil(settings["geometry_samples"] / len(names)) if settings["geometry"] else 0
+    keys = {name: dataset_key(name, os.path.join(mmeb_dir, name), embedder.spec, checkpoint_id,
+                              dict({k: settings[k] for k in SCORE_KEYS}, geometry_size=geometry_size)) for name in names}
+    kept = common.on_rank_zero(lambda: kept_results(folder, keys, settings["overwrite"]))  # every rank skips the same
+    workers = common.worker_count(settings["num_workers"])
+    per_dataset = {}
     for name in names:
         if name in kept:
             per_dataset[name] = kept[name]
-            if config["geometry"] and rank == 0:
-                samples.append(load_file(os.path.join(folder, f"{name}.geometry.safetensors")))
             log(f"{name}: P@1 {kept[name]['precision_at_1']:.1f}, kept from an earlier run with the same checkpoint "
                 f"and settings ({os.path.join(folder, name + '.json')}; --overwrite=True recomputes it)")
             continue
-        generator = torch.Generator().manual_seed(config["seed"] * 1_000_003 + zlib.crc32(name.encode()))
-        rows, report = read_dataset(name, config)
+        generator = torch.Generator().manual_seed(settings["seed"] * 1_000_003 + zlib.crc32(name.encode()))
+        rows, report = read_eval_dataset(os.path.join(mmeb_dir, name), image_dir, settings["skip_bad_rows"],
+                                         settings["instructions"], settings["allow_any_image_path"])
         result, embeddings, query_index, cand_index, scores = evaluate_dataset(
-            embedder, rows, similarity, config["batch_size"], workers, rank, world_size, label=name)
+            embedder, rows, embedder.spec.similarity, settings["batch_size"], workers, rank, world_size, label=name)
         meta_task, split = mmeb.dataset_group(name)
         per_dataset[name] = dict(result, meta_task=meta_task, split=split, layout=report.layout,
-                                 instructions=dict(report.instructions.counts), bad_rows=dict(report.bad))
-        sample = None
-        if config["geometry"]:
-            candidates = embeddings[cand_index[cand_index >= 0].unique()]  # (M, D), distinct candidates
-            sample = diagnostics.pairs(embeddings[query_index], embeddings[cand_index[:, 0]], candidates, geometry_size,
-                                       generator)
-            samples.append(sample)
-        if config["sheet_queries"] and rank == 0:
-            per_dataset[name]["sheet_png"] = retrieval_sheet(name, rows, scores, f"{stem}_sheet_{name}.png",
-                                                             config["sheet_queries"], config["sheet_top_k"], config["seed"])
-            log(f"drew {per_dataset[name]['sheet_png']}")
+                                 instructions=report.instructions["counts"], bad_rows=dict(report.bad))
+        sample = geometry_sample(embeddings, query_index, cand_index, geometry_size, generator) if geometry_size else None
+        if settings["sheet_queries"]:
+            per_dataset[name]["sheet"] = sheet_rows(name, rows, scores, settings["sheet_queries"],
+                                                    settings["sheet_top_k"], settings["seed"])
         if rank == 0:
             keep_result(folder, name, keys[name], per_dataset[name], sample)
         low, high = result["candidates"]
         log(f"{name}: P@1 {result['precision_at_1']:.1f} (argmax {result['precision_at_1_argmax']:.1f}) over "
             f"{result['num_queries']} queries ({result['ties']} tied with the gold), {result['distinct_items']} "
             f"distinct items (dedup {result['dedup_factor']:.1f}x), {result['items_per_second']:.1f} items/s; "
-            f"layout {report.layout}, instructions: {report.instructions.summary()}"
+            f"layout {report.layout}, instructions: {', '.join(f'{c:,} {w}' for w, c in report.instructions['counts'].items())}"
             + (f"; WARNING: rows hold {low} to {high} candidates, not one count" if low != high else ""), flush=True)
-    return per_dataset, samples
-
-
-def train_geometry(embedder, config, rank, world_size, generator):
-    """The diagnostics on a sample of geometry_samples training rows, as the paper measures them: query-positive
-    pairs for the Pearson r, queries against other rows' positives for the random pairs."""
-    rows, _ = data.load_train_rows(config["geometry_train_data"], config["geometry_image_dir"] or config["image_dir"],
-                                   num_hard_negatives=0, seed=config["seed"], skip_bad_rows=config["skip_bad_rows"],
-                                   allow_any_image_path=config["allow_any_image_path"],
-                                   instructions=config["instructions"], allow_eval_datasets=True)
-    picked = random.Random(config["seed"]).sample(range(len(rows)), min(config["geometry_samples"], len(rows)))
-    items = [rows[i]["query"] for i in picked] + [rows[i]["candidates"][0] for i in picked]
-    embeddings = encode_shared(embedder, items, config["batch_size"], common.worker_count(config["num_workers"]),
-                               rank, world_size, "training rows")
-    queries, positives = embeddings[:len(picked)], embeddings[len(picked):]
-    return diagnostics.pairs(queries, positives, positives, len(picked), generator)
+    return per_dataset
 
 
 def scores_section(per_dataset, missing, is_mmeb):
@@ -348,38 +344,32 @@ def table_text(output):
     return "\n\n".join(parts) + "\n" + notes
 
 
-def report(output, samples, info, config, started):
-    """Rank 0: the geometry pictures, the table, the JSON, the export's model card and W&B."""
-    stem = os.path.splitext(config["out"])[0]
-    titles = {"geometry": f"{config['init_from']}: evaluation data", "geometry_train": f"{config['init_from']}: "
-              f"{config['geometry_samples']} training rows"}
-    for key, sample, suffix in (("geometry", samples[0], ""), ("geometry_train", samples[1], "_train")):
-        if sample:
-            output[key], picture = diagnostics.summary(sample, config["geometry_samples"], titles[key])
-            output[key]["png"] = plot.save(picture, f"{stem}_geometry{suffix}.png")
-            print(f"{key}: {diagnostics.describe(output[key])}, drawn in {output[key]['png']}")
+def report(output, out, started, card_folder="", wandb_project=""):
+    """Rank 0: the table, the JSON at out, the model card of card_folder (an export), W&B (when wandb_project)."""
     table = table_text(output)
     print(table)
-    common.write_json(config["out"], output, since=started)
-    print(f"wrote {config['out']}")
-    if info and checkpoint.add_evaluation(config["init_from"], f"Precision@1 ({output['similarity']} similarity, "
-                                          f"instructions '{config['instructions']}'), eval.py:\n\n```\n{table}\n```"):
-        print(f"added the table to {os.path.join(config['init_from'], 'README.md')}")
-    if config["wandb_log"]:
-        run_dir = os.path.dirname(os.path.abspath(config["init_from"]))
-        wandb = common.start_wandb(run_dir, True, config["wandb_project"], os.path.basename(run_dir), config)
+    common.write_json(out, output, since=started)
+    config = output["config"]
+    print(f"wrote {out}" + (f"; draw its geometry: python -m tools.geometry {out}" if config["geometry"] else "")
+          + (f"; its retrieval sheets: python -m tools.plot {out}" if config["sheet_queries"] else ""))
+    if card_folder and add_evaluation(card_folder, f"Precision@1 ({output['similarity']} similarity, instructions "
+                                                   f"'{config['instructions']}'), eval.py:\n\n```\n{table}\n```"):
+        print(f"added the table to {os.path.join(card_folder, 'README.md')}")
+    if wandb_project:
+        run_dir = os.path.dirname(os.path.abspath(output["init_from"]))
+        wandb = common.start_wandb(run_dir, True, wandb_project, os.path.basename(run_dir), config)
         scores = {**output["meta_tasks"], "IND": output["IND"], "OOD": output["OOD"], "overall": output["overall"]}
         wandb.log({f"eval/{k}": v for k, v in scores.items() if v is not None})
         wandb.finish()
 
 
-def check(config, names, log):
+def check(names, mmeb_dir, image_dir, skip_bad_rows, instructions, allow_any_image_path, log):
     """--check_data=True: every dataset read as the evaluation reads it, every image path checked; -> exit code."""
     problems = []
     for name in names:
-        rows, found = read_dataset(name, config, check=True)
+        rows, found = read_eval_dataset(os.path.join(mmeb_dir, name), image_dir, True, instructions, allow_any_image_path)
         log("\n".join(found.lines()))
-        problems += [f"{name}: {p}" for p in found.problems(config["skip_bad_rows"])]
+        problems += [f"{name}: {p}" for p in found.problems(skip_bad_rows)]
         if not rows:
             problems.append(f"{name}: no usable rows")
     log(f"check_data: {len(names)} datasets; " + ("the evaluation would run" if not problems else
@@ -389,44 +379,40 @@ def check(config, names, log):
 
 def main(argv=None):
     """Run the evaluation with config overrides argv (default: the command line). -> the JSON dict"""
-    config = configurator.configure(configurator.config_keys(globals()) | {"__file__": __file__, "__doc__": __doc__},
-                                    sys.argv[1:] if argv is None else argv)
-    configurator.check_choice("dtype", config["dtype"], ("float32", "bfloat16"))
-    configurator.check_choice("similarity", config["similarity"], ("",) + loss.SIMILARITIES)
-    configurator.check_choice("instructions", config["instructions"], ("paper", "dataset"))
-    if not config["mmeb_dir"] or not (config["init_from"] or config["check_data"]):
+    config = configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
+    configurator.check_choice("dtype", dtype, ("float32", "bfloat16"))
+    configurator.check_choice("similarity", similarity, ("",) + loss.SIMILARITIES)
+    configurator.check_choice("instructions", instructions, ("paper", "dataset"))
+    if not mmeb_dir or not (init_from or check_data):
         raise UserError("set --mmeb_dir=... and --init_from=...")
-    rank, _, world_size, run_device = common.compute_init(config["device"], config["timeout_minutes"])
+    rank, _, world_size, run_device = common.compute_init(device, timeout_minutes)
     log = print if rank == 0 else (lambda *a, **k: None)
-    mmeb_names, other_names, omitted, missing = which_datasets(config["mmeb_dir"], config["image_dir"],
-                                                               config["datasets"], config["allow_missing_datasets"], log)
-    if config["check_data"]:
-        sys.exit(check(config, mmeb_names + other_names, log))
-    if config["threads"]:
-        torch.set_num_threads(config["threads"])
+    mmeb_names, other_names, omitted, missing = which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log)
+    if check_data:
+        sys.exit(check(mmeb_names + other_names, mmeb_dir, image_dir, skip_bad_rows, instructions, allow_any_image_path,
+                       log))
+    if threads:
+        torch.set_num_threads(threads)
     if rank == 0:
         configurator.print_config(config)
-        print(kernel_report(run_device))
     started = time.time()
-    embedder, info, similarity = checkpoint.load_for_inference(config["init_from"], config["dtype"], run_device,
-                                                               config["max_length"], config["max_pixels"],
-                                                               config["similarity"])
-    if not (config["similarity"] or info.get("similarity")):
-        log(f"{config['init_from']} does not say what it was trained with (no pace.json similarity): ranking by cosine")
-    names = mmeb_names + other_names
-    per_dataset, samples = evaluate_all(embedder, names, config, similarity, rank, world_size, log,
-                                        checkpoint.fingerprint(config["init_from"]))
-    generator = torch.Generator().manual_seed(config["seed"] + 1)
-    train = [train_geometry(embedder, config, rank, world_size, generator)] \
-        if config["geometry"] and config["geometry_train_data"] else []
+    embedder, info = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
+                                        similarity=similarity)
+    settings = {key: config[key] for key in ("instructions", "dtype", "image_dir", "skip_bad_rows", "allow_any_image_path",
+                                             "geometry", "geometry_samples", "seed", "sheet_queries", "sheet_top_k",
+                                             "batch_size", "num_workers", "overwrite")}
+    stem = os.path.splitext(out)[0]
+    per_dataset = evaluate_all(embedder, mmeb_names + other_names, mmeb_dir, image_dir, stem, settings, rank, world_size,
+                               log, fingerprint(init_from))
     main_names = mmeb_names or other_names  # MMEB's datasets; the others apart. Without MMEB's, the others alone
     output = {"benchmark": "MMEB" if mmeb_names else "other",
               **scores_section({n: per_dataset[n] for n in main_names}, missing, bool(mmeb_names)),
-              "omitted": omitted, "similarity": similarity, "init_from": config["init_from"], "config": config}
+              "omitted": omitted, "similarity": embedder.spec.similarity, "spec": embedder.spec.to_dict(),
+              "init_from": init_from, "datasets_folder": stem + "_datasets", "config": config}
     if mmeb_names and other_names:
         output["others"] = scores_section({n: per_dataset[n] for n in other_names}, [], False)
     if rank == 0:
-        report(output, (samples, train), info, config, started)
+        report(output, out, started, init_from if info else "", wandb_project if wandb_log else "")
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

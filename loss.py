@@ -1,8 +1,9 @@
 """
-loss.py: the PACE objective. Embeddings in, a loss and its statistics out.
+loss.py: the PACE objective. Embeddings in, a loss out; statistics on request.
 
-    loss, stats = pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0)
-    loss.backward()
+    terms = pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0)
+    terms.loss.backward()
+    stats = statistics(terms)        # on log steps: every figure of the log line, one all-reduce
 
 q (N, D) holds this rank's queries, c (M, D) this rank's candidates (its queries' positives, then their
 hard negatives) and targets[i] the index of query i's positive in c. Every query is ranked against the
@@ -15,7 +16,8 @@ The equations (paper, Section 3.3):
     p_i  = softmax_j(s_cos(q_i, c_j) / tau_w) at the positive: cosine in both stages  eq. (4)
     a_i  = stopgrad[(1 - p_i)^gamma]                                     eq. (5)
     L    = sum_i a_i l_i / sum_i a_i, both sums over the global batch     eqs. (6), (7)
-With gamma = 0 every a_i = 1 and L is plain InfoNCE (the VLM2Vec baseline).
+With gamma = 0 every a_i = 1 and L is plain InfoNCE (the VLM2Vec baseline). pace_loss all-reduces the
+global sum of a_i and the global query count itself (one all-reduce of two numbers a step).
 
 Figure 6(b) compares the focal weight of eq. (5) with three other query weightings. The paper names them
 but gives no formulas; these are this codebase's, each detached and normalised over the global batch
@@ -25,9 +27,9 @@ exactly as eq. (5)'s (weighting=...):
     "query_positive"  a_i = ((1 - s_cos(q_i, c_i+)) / 2)^gamma: a positive far from its query is hard
     "query_negative"  a_i = ((1 + max_{j != +} s_cos(q_i, c_j)) / 2)^gamma: a close hardest negative is hard
 
-UniME-V2's judge soft labels (Gu et al., AAAI 2026; soft_labels="judge"; mine.py writes the scores). An MLLM judge
-scored query i's own candidates, its positive and its K hard negatives (k = 0..K, positive first), with
-j_ik = e_yes / (e_yes + e_no) in [0, 1]. The model's similarity distribution over those same candidates is pulled
+UniME-V2's judge soft labels (Gu et al., AAAI 2026; mine.py writes the scores). An MLLM judge scored query i's
+own candidates, its positive and its K hard negatives (k = 0..K, positive first), with j_ik = e_yes / (e_yes +
+e_no) in [0, 1]. Given judge_scores, the model's similarity distribution over those same candidates is pulled
 towards the judge's:
     P_i  = softmax_k(j_ik / tau_j)                                       (U1) the judge's soft labels
     Q_i  = softmax_k(s(q_i, c_ik) / tau)                                 (U2) the model's, eq. (1) or (2), eq. (3)'s tau
@@ -37,8 +39,8 @@ P_i is a constant (the scores are data); Q_i carries the gradient. UniME-V2's co
 tau_j = tau = 0.02 on cosine and trains with (U3) alone; here the InfoNCE term stays and lambda
 (alignment_weight) weighs (U3) beside it.
 """
-
 import warnings
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -52,8 +54,22 @@ warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_g
 NORMALIZE_EPS = 1e-6  # floor on |x| in eq. (1), so a zero vector gives cos = 0, not NaN
 SIMILARITIES = ("cos", "dot")  # eq. (1), eq. (2)
 WEIGHTINGS = ("focal", "random", "query_positive", "query_negative")
-SOFT_LABELS = ("none", "judge")  # no soft labels; UniME-V2's judge scores, eqs. (U1)-(U4)
 COLLAPSE_SPREAD = 1e-4  # a batch whose every query sees logits within this of each other carries no signal
+
+
+class LossTerms(NamedTuple):
+    """What pace_loss computed. loss carries the gradient; the rest is detached, for statistics()."""
+    loss: torch.Tensor  # () world * this rank's share of L: each rank backpropagates its own; their mean is L
+    logits: torch.Tensor  # (N, world * M) s / tau, eq. (3)
+    cos: torch.Tensor  # (N, world * M) s_cos, eq. (1)
+    targets: torch.Tensor  # (N,) each query's positive among all ranks' candidates
+    nll: torch.Tensor  # (N,) l_i, eq. (3)
+    confidence: torch.Tensor  # (N,) p_i, eq. (4)
+    weights: torch.Tensor  # (N,) a_i before normalisation, eq. (5)
+    query_norms: torch.Tensor  # (N,)
+    candidate_norms: torch.Tensor  # (M,) this rank's candidates only, so each counts once
+    alignment: Optional[torch.Tensor]  # (N,) A_i of eq. (U3), or None without judge scores
+    alignment_weight: float  # lambda of eq. (U4)
 
 
 def compared(x, similarity):
@@ -80,71 +96,52 @@ def world_rank_and_size():
     return 0, 1
 
 
+CHECKED_SHAPES = set()  # the (M, D) every rank was found to share: checked at the first gather of each shape
+
+
 def gather_candidates(c):
     """(M, D) local candidates -> (world * M, D) candidates of all ranks, in rank order. Autograd-aware:
-    the backward sums every rank's gradient for c back into its owner."""
+    the backward sums every rank's gradient for c back into its owner. Every rank must give the same (M, D):
+    the first gather of a shape checks that all do (a clear error instead of a hang), later ones trust it."""
     rank, world = world_rank_and_size()
     if world == 1:
         return c
-    # every rank must contribute the same (M, D): gather the shapes first, so a mismatch is a clear
-    # error on all ranks instead of a hang or garbage
-    shape = torch.tensor(c.shape, dtype=torch.long, device=c.device)  # (2,)
-    shapes = [torch.empty_like(shape) for _ in range(world)]
-    dist.all_gather(shapes, shape)
-    shapes = [tuple(s.tolist()) for s in shapes]
-    if len(set(shapes)) != 1:
-        raise ValueError(f"gather_candidates: every rank needs the same candidate shape (M, D), got {shapes} by rank")
+    if tuple(c.shape) not in CHECKED_SHAPES:
+        shape = torch.tensor(c.shape, dtype=torch.long, device=c.device)  # (2,)
+        shapes = [torch.empty_like(shape) for _ in range(world)]
+        dist.all_gather(shapes, shape)
+        shapes = [tuple(s.tolist()) for s in shapes]
+        if len(set(shapes)) != 1:
+            raise ValueError(f"gather_candidates: every rank needs the same candidate shape (M, D), got {shapes} by rank")
+        CHECKED_SHAPES.add(tuple(c.shape))
     return torch.cat(dist_functional.all_gather(c), dim=0)  # (world * M, D)
 
 
-def check_inputs(q, c, targets, weighting):
+def check_inputs(q, c, targets, weighting, judge_scores, own_candidates):
+    """Shapes and choices only: nothing here reads a value back from the device."""
     if q.dim() != 2 or q.shape[0] == 0:
         raise ValueError(f"q must be (N, D) with N >= 1, got shape {tuple(q.shape)}")
-    if c.dim() != 2:
-        raise ValueError(f"c must be (M, D), got shape {tuple(c.shape)}")
-    if q.shape[1] != c.shape[1]:
-        raise ValueError(f"q and c must share the embedding size D, got q {tuple(q.shape)} and c {tuple(c.shape)}")
+    if c.dim() != 2 or q.shape[1] != c.shape[1]:
+        raise ValueError(f"q and c must be (N, D) and (M, D) with one D, got q {tuple(q.shape)} and c {tuple(c.shape)}")
     if targets.shape != (q.shape[0],) or targets.dtype != torch.long:
         raise ValueError(f"targets must be a ({q.shape[0]},) long tensor, got {tuple(targets.shape)} {targets.dtype}")
-    if targets.numel() and (targets.min() < 0 or targets.max() >= c.shape[0]):
+    if targets.device.type == "cpu" and (targets.min() < 0 or targets.max() >= c.shape[0]):  # free on the CPU only
         raise ValueError(f"targets must index the local candidates, 0 <= t < {c.shape[0]}, "
                          f"got range [{targets.min().item()}, {targets.max().item()}]")
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-
-
-def check_soft_labels(soft_labels, judge_scores, own_candidates, targets, num_candidates):
-    """The judge's inputs of eqs. (U1)-(U4): (N, 1 + K) scores and (N, 1 + K) local candidate indices, the
-    positive first."""
-    if soft_labels not in SOFT_LABELS:
-        raise ValueError(f"soft_labels must be one of {SOFT_LABELS}, got {soft_labels!r}")
-    if soft_labels == "none":
-        if judge_scores is not None or own_candidates is not None:
-            raise ValueError("judge_scores and own_candidates are used only with soft_labels='judge'")
-        return
-    if judge_scores is None or own_candidates is None:
-        raise ValueError("soft_labels='judge' needs judge_scores and own_candidates, each (N, 1 + K)")
-    n = targets.shape[0]
-    if own_candidates.dim() != 2 or own_candidates.shape[0] != n or own_candidates.dtype != torch.long:
-        raise ValueError(f"own_candidates must be an ({n}, 1 + K) long tensor, got {tuple(own_candidates.shape)} "
-                         f"{own_candidates.dtype}")
-    if judge_scores.shape != own_candidates.shape or not judge_scores.is_floating_point():
-        raise ValueError(f"judge_scores must be a float tensor shaped like own_candidates "
-                         f"{tuple(own_candidates.shape)}, got {tuple(judge_scores.shape)} {judge_scores.dtype}")
-    if not torch.isfinite(judge_scores).all():
-        raise ValueError("judge_scores must be finite")
-    if own_candidates.min() < 0 or own_candidates.max() >= num_candidates:
-        raise ValueError(f"own_candidates must index the local candidates, 0 <= index < {num_candidates}")
-    if not torch.equal(own_candidates[:, 0], targets):
-        raise ValueError("own_candidates[:, 0] must be each query's positive, its target")
-
-
-def alignment_terms(logits, own_candidates, judge_scores, judge_temperature):
-    """(N,) A_i of eq. (U3). logits: (N, world * M) s / tau of eq. (3); own_candidates: (N, 1 + K) indices into
-    its columns; judge_scores: (N, 1 + K)."""
-    log_q = logits.gather(1, own_candidates).log_softmax(dim=-1)  # (N, 1 + K) log Q_i, eq. (U2)
-    log_p = (judge_scores.float() / judge_temperature).log_softmax(dim=-1)  # (N, 1 + K) log P_i, eq. (U1): constant
-    return 0.5 * ((log_p.exp() * (log_p - log_q)).sum(-1) + (log_q.exp() * (log_q - log_p)).sum(-1))  # (N,)
+    if (judge_scores is None) != (own_candidates is None):
+        raise ValueError("judge_scores and own_candidates go together, each (N, 1 + K)")
+    if judge_scores is not None:
+        n = q.shape[0]
+        if own_candidates.dim() != 2 or own_candidates.shape[0] != n or own_candidates.dtype != torch.long:
+            raise ValueError(f"own_candidates must be an ({n}, 1 + K) long tensor, got {tuple(own_candidates.shape)} "
+                             f"{own_candidates.dtype}")
+        if judge_scores.shape != own_candidates.shape or not judge_scores.is_floating_point():
+            raise ValueError(f"judge_scores must be a float tensor shaped like own_candidates "
+                             f"{tuple(own_candidates.shape)}, got {tuple(judge_scores.shape)} {judge_scores.dtype}")
+        if own_candidates.device.type == "cpu" and not torch.equal(own_candidates[:, 0], targets):
+            raise ValueError("own_candidates[:, 0] must be each query's positive, its target")
 
 
 def query_weights(weighting, gamma, confidence, cos, positive):
@@ -160,16 +157,21 @@ def query_weights(weighting, gamma, confidence, cos, positive):
     return ((1.0 + hardest_negative) / 2).pow(gamma)
 
 
+def alignment_terms(logits, *, own_candidates, judge_scores, judge_temperature):
+    """(N,) A_i of eq. (U3). logits: (N, world * M) s / tau of eq. (3); own_candidates: (N, 1 + K) indices into
+    its columns, the positive first; judge_scores: (N, 1 + K) the judge's scores of those candidates."""
+    log_q = logits.gather(1, own_candidates).log_softmax(dim=-1)  # (N, 1 + K) log Q_i, eq. (U2)
+    log_p = (judge_scores.float() / judge_temperature).log_softmax(dim=-1)  # (N, 1 + K) log P_i, eq. (U1): constant
+    return 0.5 * ((log_p.exp() * (log_p - log_q)).sum(-1) + (log_q.exp() * (log_q - log_p)).sum(-1))  # (N,)
+
+
 def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0, focal_temperature=0.1,
-              weighting="focal", soft_labels="none", judge_scores=None, own_candidates=None, judge_temperature=0.02,
-              alignment_weight=1.0):
+              weighting="focal", judge_scores=None, own_candidates=None, judge_temperature=0.02, alignment_weight=1.0):
     """Focal Embedding Loss, eqs. (3)-(7). q: (N, D) local queries, c: (M, D) local candidates, targets: (N,)
-    positive index in the local c. soft_labels='judge' adds UniME-V2's alignment, eqs. (U1)-(U4): judge_scores
-    (N, 1 + K) the judge's scores of each query's own positive and K hard negatives, own_candidates (N, 1 + K)
-    their indices in the local c (positive first), judge_temperature tau_j, alignment_weight lambda.
-    -> (loss to backpropagate, dict of floats, the same on every rank)."""
-    check_inputs(q, c, targets, weighting)
-    check_soft_labels(soft_labels, judge_scores, own_candidates, targets, c.shape[0])
+    positive index in the local c. With judge_scores (N, 1 + K), the judge's scores of each query's own positive
+    and K hard negatives, and own_candidates (N, 1 + K), their indices in the local c (positive first), UniME-V2's
+    alignment is added, eqs. (U1)-(U4), at judge_temperature tau_j and alignment_weight lambda. -> LossTerms"""
+    check_inputs(q, c, targets, weighting, judge_scores, own_candidates)
     rank, world = world_rank_and_size()
     all_c = gather_candidates(c)  # (world * M, D)
     targets = targets + rank * c.shape[0]  # (N,) index into all_c
@@ -180,73 +182,67 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
         cos = similarity_matrix(q, all_c, "cos")  # (N, world * M), eq. (1)
         confidence = (cos / focal_temperature).softmax(dim=-1)[positive]  # (N,) p_i, eq. (4): always cosine
         weights = query_weights(weighting, focal_gamma, confidence, cos, positive)  # (N,) a_i, eq. (5)
-        stats = batch_statistics(q, c, nll, logits, cos, positive, confidence, weights)
-    # eqs. (6)-(7). Why world * (local numerator) / (global denominator) gives the right gradient: the
-    # full-batch loss is L = sum_r L_r with L_r = sum_{i on rank r} a_i l_i / sum_global a. Every rank
-    # backpropagates its L_r. q_r enters only L_r, so rank r gets dL/dq_r. Rank r's candidates enter every
-    # L_r', and the all-gather's backward sums each rank's gradient for them back to rank r, so rank r gets
-    # dL/dc_r. Rank r's parameter gradient is then its share of dL/dtheta, and the shares sum to dL/dtheta.
-    # FSDP averages gradients over ranks (divides by world), which the factor world undoes. In one process
-    # this is exactly L. A batch whose weights are all 0 (every query certain) gives 0, not 0/0.
-    weight_sum, queries = max(stats.pop("weight_sum"), 1e-30), stats.pop("queries")  # global sum of a_i, global N
-    if soft_labels == "judge":
-        return with_alignment(logits, own_candidates + rank * c.shape[0], judge_scores, judge_temperature,
-                              alignment_weight, (weights * nll).sum(), weight_sum, queries, stats, world)
-    loss = world * (weights * nll).sum() / weight_sum
-    return loss, stats
+        # eqs. (6)-(7)'s normaliser and the global N of (U4): one all-reduce of two numbers
+        totals = torch.stack([weights.sum().double(), torch.full((), float(len(q)), dtype=torch.float64, device=q.device)])
+        if world > 1:
+            dist.all_reduce(totals)
+        weight_sum, queries = totals.clamp_min(1e-30).float()  # a batch whose every a_i is 0 gives 0, not 0/0
+    # Why world * (local numerator) / (global denominator) gives the right gradient: the full-batch loss is
+    # L = sum_r L_r with L_r = sum_{i on rank r} a_i l_i / sum_global a. Every rank backpropagates its L_r.
+    # q_r enters only L_r, so rank r gets dL/dq_r. Rank r's candidates enter every L_r', and the all-gather's
+    # backward sums each rank's gradient for them back to rank r, so rank r gets dL/dc_r. Rank r's parameter
+    # gradient is then its share of dL/dtheta, and the shares sum to dL/dtheta. FSDP averages gradients over
+    # ranks (divides by world), which the factor world undoes. In one process this is exactly L.
+    alignment = None
+    if judge_scores is None:
+        loss = world * (weights * nll).sum() / weight_sum
+    else:  # eq. (U4): each rank adds world * (its A_i) / N, by the same argument with 1 / N in place of a_i / sum a
+        alignment = alignment_terms(logits, own_candidates=own_candidates + rank * c.shape[0],
+                                    judge_scores=judge_scores, judge_temperature=judge_temperature)  # (N,), eq. (U3)
+        loss = world * ((weights * nll).sum() / weight_sum + alignment_weight * alignment.sum() / queries)
+    return LossTerms(loss, logits.detach(), cos, targets, nll.detach(), confidence, weights,
+                     q.detach().float().norm(dim=-1), c.detach().float().norm(dim=-1),
+                     None if alignment is None else alignment.detach(), alignment_weight)
 
 
-def with_alignment(logits, own_candidates, judge_scores, judge_temperature, alignment_weight, focal_sum, weight_sum,
-                   queries, stats, world):
-    """Eq. (U4): the focal loss (focal_sum: this rank's sum of a_i l_i, weight_sum: the global sum of a_i) plus
-    lambda times the mean A_i over the global batch's `queries`. Each rank backpropagates world * (its share), by
-    pace_loss's argument for eqs. (6)-(7) with 1 / N in place of a_i / sum a: A_i depends on q_i and on its own
-    candidates (local, but in all_c's coordinates here). own_candidates: (N, 1 + K) indices into all_c.
-    -> (loss, stats with 'infonce' and 'alignment' added)."""
-    alignment = alignment_terms(logits, own_candidates, judge_scores, judge_temperature)  # (N,) A_i, eq. (U3)
-    loss = world * (focal_sum / weight_sum + alignment_weight * alignment.sum() / queries)
-    total = reduced({"alignment": alignment.detach().sum()}, dist.ReduceOp.SUM)["alignment"]
-    stats["infonce"], stats["alignment"] = stats["loss"], total / queries
-    stats["loss"] = stats["infonce"] + alignment_weight * stats["alignment"]  # eq. (U4), the value of L
-    return loss, stats
+def logit_spread(terms):
+    """() the widest range of one local query's logits over its candidates: about 0 when the embeddings collapsed
+    (all to zero, or all to one vector), where every logit of a query is the same, the loss is ln(candidates) and
+    the gradient 0, so training cannot recover by itself."""
+    return (terms.logits.amax(dim=1) - terms.logits.amin(dim=1)).max()
 
 
-def reduced(values, op):
-    """{name: scalar tensor} -> {name: float}: each reduced over all ranks by op (SUM or MAX), one all-reduce."""
-    packed = torch.stack([v.double() for v in values.values()])
-    if world_rank_and_size()[1] > 1:
-        dist.all_reduce(packed, op=op)
-    return dict(zip(values, packed.tolist()))
-
-
-def batch_statistics(q, c, nll, logits, cos, positive, confidence, weights):
-    """What the log line and log.jsonl report, over the global batch: means of pi (eq. 3), p (eq. 4) and the
-    norms, positive and negative cosines, the range of a_i, and logit_spread, the widest range of one query's
-    logits over its candidates (about 0 when the embeddings collapsed to zero or to one vector)."""
-    one = torch.ones((), device=q.device)
-    sums = reduced({
-        "weighted_nll": (weights * nll).sum(), "weight_sum": weights.sum(), "pos_prob": torch.exp(-nll).sum(),
-        "focal_confidence": confidence.sum(), "query_norm": q.float().norm(dim=-1).sum(), "queries": one * len(q),
-        # the local c only, so each candidate counts once
-        "candidate_norm": c.float().norm(dim=-1).sum(), "candidates": one * len(c),
-        "pos_cos": cos[positive].sum(), "neg_cos": cos[~positive].sum(), "negatives": (~positive).sum(),
-    }, dist.ReduceOp.SUM)
-    spread = logits.amax(dim=1) - logits.amin(dim=1)  # (N,)
-    maxima = reduced({"weight_max": weights.max(), "minus_weight_min": -weights.min(), "logit_spread": spread.max()},
-                     dist.ReduceOp.MAX)
-    return {
-        "loss": sums["weighted_nll"] / max(sums["weight_sum"], 1e-30), "weight_sum": sums["weight_sum"],
-        "queries": sums["queries"],  # weight_sum and queries are for pace_loss, which takes them out
-        "pos_prob": sums["pos_prob"] / sums["queries"],  # mean pi_i, eq. (3)
-        "focal_confidence": sums["focal_confidence"] / sums["queries"],  # mean p_i, eq. (4)
-        "weight_min": -maxima["minus_weight_min"], "weight_max": maxima["weight_max"],  # a_i, eq. (5)
-        "query_norm": sums["query_norm"] / sums["queries"], "candidate_norm": sums["candidate_norm"] / sums["candidates"],
-        "pos_cos": sums["pos_cos"] / sums["queries"], "neg_cos": sums["neg_cos"] / max(sums["negatives"], 1.0),
-        "logit_spread": maxima["logit_spread"],
-    }
-
-
-def collapsed(stats):
-    """True when the batch's embeddings collapsed (all to zero, or all to one vector): every logit of a query is
-    then the same, the loss is ln(candidates) and the gradient 0, so training cannot recover by itself."""
-    return stats["logit_spread"] < COLLAPSE_SPREAD
+def statistics(terms):
+    """What the log line and log.jsonl report, over the global batch, with one all-reduce: the loss L (and with a
+    judge its two terms), the means of pi (eq. 3), p (eq. 4) and the norms, positive and negative cosines, the
+    range of a_i and logit_spread. -> {name: float}, the same on every rank."""
+    rank, world = world_rank_and_size()
+    positive = F.one_hot(terms.targets, terms.logits.shape[1]).bool()  # (N, world * M)
+    one = torch.ones((), device=terms.logits.device)
+    sums = {"weighted_nll": (terms.weights * terms.nll).sum(), "weight_sum": terms.weights.sum(),
+            "pos_prob": torch.exp(-terms.nll).sum(), "focal_confidence": terms.confidence.sum(),
+            "query_norm": terms.query_norms.sum(), "queries": one * len(terms.nll),
+            "candidate_norm": terms.candidate_norms.sum(), "candidates": one * len(terms.candidate_norms),
+            "pos_cos": terms.cos[positive].sum(), "neg_cos": terms.cos[~positive].sum(), "negatives": (~positive).sum(),
+            "alignment": terms.alignment.sum() if terms.alignment is not None else 0 * one}
+    maxima = {"weight_max": terms.weights.max(), "minus_weight_min": -terms.weights.min(),
+              "logit_spread": logit_spread(terms)}
+    # one all-reduce: each rank fills its own row, so the sum hands every rank every rank's row
+    rows = torch.zeros(world, len(sums) + len(maxima), dtype=torch.float64, device=terms.logits.device)
+    rows[rank] = torch.stack([v.double() for v in list(sums.values()) + list(maxima.values())])
+    if world > 1:
+        dist.all_reduce(rows)
+    totals = dict(zip(sums, rows[:, :len(sums)].sum(0).tolist()))
+    totals.update(zip(maxima, rows[:, len(sums):].amax(0).tolist()))
+    stats = {"loss": totals["weighted_nll"] / max(totals["weight_sum"], 1e-30),
+             "pos_prob": totals["pos_prob"] / totals["queries"],  # mean pi_i, eq. (3)
+             "focal_confidence": totals["focal_confidence"] / totals["queries"],  # mean p_i, eq. (4)
+             "weight_min": -totals["minus_weight_min"], "weight_max": totals["weight_max"],  # a_i, eq. (5)
+             "query_norm": totals["query_norm"] / totals["queries"],
+             "candidate_norm": totals["candidate_norm"] / totals["candidates"],
+             "pos_cos": totals["pos_cos"] / totals["queries"], "neg_cos": totals["neg_cos"] / max(totals["negatives"], 1.0),
+             "logit_spread": totals["logit_spread"]}
+    if terms.alignment is not None:  # eq. (U4): L is InfoNCE plus lambda times the mean A_i
+        stats["infonce"], stats["alignment"] = stats["loss"], totals["alignment"] / totals["queries"]
+        stats["loss"] = stats["infonce"] + terms.alignment_weight * stats["alignment"]
+    return stats

@@ -3,9 +3,10 @@ model.py: the PACE embedder, a Qwen3.5 vision-language backbone turned into an e
 
     from model import Embedder
     embedder = Embedder.from_pretrained("/models/Qwen3.5-0.8B-Base")   # a local folder, nothing downloaded
-    # (checkpoint.load_embedder loads a trained export/ or step folder as well)
+    # (runs.export.load_embedder loads a training step folder as well)
     vectors = embedder.encode([{"text": "a red circle", "image": None},
                                {"text": "", "image": "cat.jpg"}])       # (2, D) float32
+    embedder.spec                                                       # what the vectors mean
 
 Every query, positive and negative is encoded alone under one prompt (paper, Appendix A.2):
 
@@ -20,19 +21,19 @@ and its embedding is the final-layer hidden state at that last <|endoftext|> (la
 and not normalised: Stage I's cosine (eq. 1) normalises inside the loss, Stage II's dot product (eq. 2) uses
 the norm as signal.
 
+- EmbeddingSpec: what a vector means (the prompt, the pooling, the similarity, the text and pixel budgets, the
+  backbone), owned by the Embedder and stored beside its weights (SPEC_FILE); checkpoints, exports, the model
+  card, the resume check, eval's cache and every loader derive from it (tests/test_spec.py).
 - Preprocessor: one item's text and image -> token ids, 3-D rotary positions and uint8 image patches;
   collate() pads a batch. Picklable, so DataLoader workers run it.
 - Embedder: nn.Module around transformers' Qwen3_5Model (the frozen vision tower and the language model; no
   LM head); forward(batch) -> (B, D); encode(items) for inference. It turns the patches into pixel values.
-- step_flops, peak_flops: the model's useful FLOPs of a training step and a GPU's peak, for MFU;
-  kernel_report: which Gated DeltaNet and conv1d code transformers runs (one line; its own two warnings are
-  dropped when this module is imported).
 
-The prompt is built here, not by the checkpoint's chat template, and transformers' processor class is not
-used: it needs the video processor, which needs torchvision. The tokenizer and the PIL image processor are
-loaded directly.
+The prompt is built here, not by a chat template, and transformers' processor class is not used (it needs
+torchvision): the tokenizer and the PIL image processor are loaded directly.
 """
-import importlib
+import dataclasses
+import json
 import logging
 import math
 import os
@@ -42,11 +43,73 @@ import torch
 import torch.nn as nn
 from PIL import Image, ImageOps
 
-import batching
-from common import Progress, UserError
-from mmeb import IMAGE_MARKER
+from common import IMAGE_MARKER, Progress, UserError
 
-SYSTEM_PROMPT = "Represent the user's input."
+SPEC_FILE = "embedding_spec.json"  # beside the weights of every step folder and export: the EmbeddingSpec
+
+
+# transformers says "falling back to its reference PyTorch implementation" twice a process at the first forward:
+# train_step.kernel_report says it once, in its own words, and a notebook stays quiet
+logging.getLogger("transformers.integrations.hub_kernels").addFilter(
+    lambda record: "falling back to its reference PyTorch implementation" not in record.getMessage())
+
+
+# -----------------------------------------------------------------------------
+# what a vector means
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSpec:
+    """What defines an embedding: two vectors are comparable only if every field agrees. The field names are
+    train.py's config keys where it has them; backbone is the lineage (the release the weights descend from)."""
+    system_prompt: str = "Represent the user's input."  # the system turn of the prompt (Appendix A.2)
+    pooling: str = "last_token"  # the final-layer hidden state at the prompt's last <|endoftext|>
+    similarity: str = "cos"  # how two vectors compare: 'cos' (eq. 1, Stage I) or 'dot' (eq. 2, Stage II)
+    max_length: int = 8192  # tokens an item may take; text is cut, never the image or the template
+    min_pixels: int = 0  # an image's pixel budget, as the image processor resizes (0: the checkpoint's own)
+    max_pixels: int = 0
+    backbone: str = ""  # the Hugging Face release folder the weights descend from (absolute path)
+
+    POOLINGS = ("last_token",)
+    SIMILARITIES = ("cos", "dot")
+
+    def __post_init__(self):
+        if self.pooling not in self.POOLINGS:
+            raise UserError(f"pooling must be one of {', '.join(map(repr, self.POOLINGS))}, got {self.pooling!r}")
+        if self.similarity not in self.SIMILARITIES:
+            raise UserError(f"similarity must be one of {', '.join(map(repr, self.SIMILARITIES))}, "
+                            f"got {self.similarity!r}")
+
+    @classmethod
+    def fields(cls):
+        return [field.name for field in dataclasses.fields(cls)]
+
+    def replace(self, **changes):
+        """A copy with some fields changed; a change of None, '' or 0 keeps the field as it is."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v not in (None, "", 0)})
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def save(self, folder):
+        with open(os.path.join(folder, SPEC_FILE), "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, folder):
+        """The spec stored in folder (SPEC_FILE), or None where there is none (a release)."""
+        path = os.path.join(folder, SPEC_FILE)
+        if not os.path.isfile(path):
+            return None
+        try:
+            with open(path) as f:
+                stored = json.load(f)
+            unknown = set(stored) - set(cls.fields())
+            if unknown:
+                raise ValueError(f"unknown fields {sorted(unknown)}")
+            return cls(**stored)
+        except (OSError, ValueError, TypeError) as error:
+            raise UserError(f"{path}: not an embedding spec ({error})") from None
 
 
 # -----------------------------------------------------------------------------
@@ -129,17 +192,19 @@ def smart_resize(height, width, factor, min_pixels, max_pixels):
 # one item -> model inputs; a list of items -> a padded batch
 
 class Preprocessor:
-    """Builds the embedding prompt of one item and its model inputs. Runs in DataLoader workers."""
+    """Builds the embedding prompt of one item and its model inputs, as spec says (its system prompt, max_length;
+    image_processor.size holds its pixel budget). Runs in DataLoader workers."""
 
-    def __init__(self, tokenizer, image_processor, max_length=8192):
-        self.tokenizer, self.image_processor, self.max_length = tokenizer, image_processor, max_length
+    def __init__(self, tokenizer, image_processor, spec=EmbeddingSpec()):
+        self.tokenizer, self.image_processor, self.spec = tokenizer, image_processor, spec
+        self.max_length = max_length = spec.max_length
         token = tokenizer.convert_tokens_to_ids
         self.image_pad_id = token("<|image_pad|>")
         self.vision_start_id, self.vision_end_id = token("<|vision_start|>"), token("<|vision_end|>")
         self.pad_id = token("<|endoftext|>")
         self.patch_size, self.merge_size = image_processor.patch_size, image_processor.merge_size
         # The fixed parts of the template, with their special tokens parsed.
-        self.prefix_ids = self.ids(f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n", True)
+        self.prefix_ids = self.ids(f"<|im_start|>system\n{spec.system_prompt}<|im_end|>\n<|im_start|>user\n", True)
         self.suffix_ids = self.ids("<|im_end|>\n<|im_start|>assistant\n<|endoftext|>", True)
         if self.suffix_ids[-1] != self.pad_id or self.image_pad_id == tokenizer.unk_token_id:
             raise UserError("tokenizer lacks the Qwen special tokens (<|endoftext|>, <|image_pad|>, ...)")
@@ -147,20 +212,25 @@ class Preprocessor:
             raise UserError(f"max_length={max_length} cannot hold the prompt template")
 
     @classmethod
-    def from_pretrained(cls, path, max_length=8192, min_pixels=None, max_pixels=None):
+    def from_pretrained(cls, path, spec=None, **changes):
+        """The tokenizer and image processor of a local folder, under spec (default: EmbeddingSpec()) with changes
+        (max_length=..., max_pixels=...; 0 or None keeps a field). The spec's pixel budget, 0 for the folder's own,
+        becomes the image processor's; the returned Preprocessor's spec holds the budget in numbers."""
         from transformers import Qwen3_5Tokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
         # Qwen3_5Tokenizer, not AutoTokenizer: releases name Qwen2Tokenizer, whose word split before transformers
         # 5.18 ignores combining marks (Hindi, Thai, accents), which changes the tokens and so the embeddings
         tokenizer = Qwen3_5Tokenizer.from_pretrained(path, local_files_only=True)
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(path, local_files_only=True)
+        spec = (spec or EmbeddingSpec()).replace(**changes)
         size = dict(image_processor.size)
-        size["shortest_edge"] = min_pixels or size["shortest_edge"]
-        size["longest_edge"] = max_pixels or size["longest_edge"]
+        size["shortest_edge"] = spec.min_pixels or size["shortest_edge"]
+        size["longest_edge"] = spec.max_pixels or size["longest_edge"]
         if size["shortest_edge"] > size["longest_edge"]:
             raise UserError(f"min_pixels {size['shortest_edge']} > max_pixels {size['longest_edge']}")
         image_processor.size = size
-        return cls(tokenizer, image_processor, max_length)
+        spec = dataclasses.replace(spec, min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
+        return cls(tokenizer, image_processor, spec)
 
     def ids(self, text, special=False):
         # User text never injects control tokens: a literal "<|im_end|>" in data stays text.
@@ -297,6 +367,8 @@ class Embedder(nn.Module):
     def __init__(self, model, preprocessor):
         super().__init__()
         self.model, self.preprocessor = model, preprocessor
+        if preprocessor.spec.pooling != "last_token":
+            raise UserError(f"pooling {preprocessor.spec.pooling!r}: this Embedder pools the last token only")
         self.model.config.use_cache = False
         self.model.visual.requires_grad_(False)  # frozen in both stages (paper, Appendix A.1)
         # (3, 256) float32, on the model's device: each channel's byte value rescaled and normalised with the
@@ -311,18 +383,26 @@ class Embedder(nn.Module):
         self.register_buffer("pixel_table", torch.from_numpy(values), persistent=False)
 
     @classmethod
-    def from_pretrained(cls, path, dtype=torch.float32, max_length=8192, min_pixels=None, max_pixels=None):
-        """Load a local Hugging Face Qwen3.5 folder (a release, or an export/ of this project)."""
+    def from_pretrained(cls, path, dtype=torch.float32, spec=None, **changes):
+        """Load a local Hugging Face Qwen3.5 folder: a release (its spec EmbeddingSpec(), the folder its backbone)
+        or an export/ of this project (the spec stored beside its weights). spec replaces that spec; changes
+        (max_length=..., max_pixels=..., similarity=...) change single fields, 0, None or '' keeping them."""
         from transformers import AutoConfig, Qwen3_5Model
         path = os.fspath(path)
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise UserError(f"{path!r} is not a Hugging Face checkpoint folder (no config.json)")
+        spec = spec or EmbeddingSpec.load(path) or EmbeddingSpec(backbone=os.path.abspath(path))
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         if config.model_type != "qwen3_5":
             raise UserError(f"{path}: model_type {config.model_type!r}; this project needs a Qwen3.5 'qwen3_5' checkpoint")
         model = Qwen3_5Model.from_pretrained(path, config=config, dtype=dtype, local_files_only=True,
                                              attn_implementation="sdpa")
-        return cls(model, Preprocessor.from_pretrained(path, max_length, min_pixels, max_pixels))
+        return cls(model, Preprocessor.from_pretrained(path, spec, **changes))
+
+    @property
+    def spec(self):
+        """The EmbeddingSpec the vectors are made under (the Preprocessor builds the prompt from it)."""
+        return self.preprocessor.spec
 
     @property
     def dim(self):
@@ -355,13 +435,13 @@ class Embedder(nn.Module):
     @torch.no_grad()
     def encode(self, items, batch_size=16, num_workers=0, progress=""):
         """items: list of {"text": str, "image": path | PIL image | None} -> (N, D) float32, in input order.
-        Batches of items of about one length (batching.item_batches); num_workers > 0 decodes images in worker
+        Batches of items of about one length (item_batches); num_workers > 0 decodes images in worker
         processes. progress: a label to print items done, items/s and time left under ('' prints nothing)."""
         was_training = self.training
         self.eval()
         out = torch.empty(len(items), self.dim)
         meter = Progress(len(items), progress) if progress else None
-        for indices, batch in batching.item_batches(items, self.preprocessor, batch_size, num_workers):
+        for indices, batch in item_batches(items, self.preprocessor, batch_size, num_workers):
             out[indices] = self(**batch).cpu()
             if meter:
                 meter.update(len(indices))
@@ -380,74 +460,46 @@ class Embedder(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# what the model costs, and which kernels run it
+# batches of items, for Embedder.encode
 
-# dense bf16 peak FLOP/s per GPU, matched against torch.cuda.get_device_name() in order (the first match wins)
-PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
-                   ("H20", 148e12), ("A100", 312e12), ("A800", 312e12), ("B200", 2250e12), ("L40S", 362e12))
-
-
-def peak_flops(device):
-    """The dense bf16 peak of this device, for MFU; None on a CPU or an unknown GPU."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for gpu, flops in PEAK_BF16_FLOPS if gpu in name), None)
-
-
-def step_flops(embedder, chunks, full_finetune):
-    """Useful FLOPs of one training step over these collated chunks (real tokens only, no recomputation): the
-    language model's matmuls at 2N a token forward and 4N (full) or 2N (LoRA: activation gradients only) backward,
-    N without the token embedding (a lookup); the causal attention scores of the full-attention layers (2 T^2 d
-    forward, twice that backward); the frozen vision tower's forward. Gated DeltaNet's state updates (a few % at
-    these sizes) are not counted. For the MFU figure."""
-    text, vision = embedder.model.config.text_config, embedder.model.config.vision_config
-    language = sum(p.numel() for n, p in embedder.model.language_model.named_parameters()
-                   if p.dim() >= 2 and "embed_tokens" not in n)
-    tower = {n: p.numel() for n, p in embedder.model.visual.named_parameters() if p.dim() >= 2 and "pos_embed" not in n}
-    per_patch = sum(v for n, v in tower.items() if "merger" not in n)
-    per_patch += sum(v for n, v in tower.items() if "merger" in n) / vision.spatial_merge_size ** 2
-    attention_width = text.num_attention_heads * text.head_dim
-    full_layers = sum(kind == "full_attention" for kind in text.layer_types)
-    flops = 0.0
-    for chunk in chunks:
-        lengths = chunk["attention_mask"].sum(dim=1).double()  # (B,)
-        flops += (6 if full_finetune else 4) * language * lengths.sum().item()
-        flops += 6 * full_layers * attention_width * (lengths ** 2).sum().item()
-        if chunk["image_grid_thw"] is not None:
-            patches = chunk["image_grid_thw"].prod(dim=1).double()  # (images,)
-            flops += 2 * per_patch * patches.sum().item() + 4 * vision.depth * vision.hidden_size * (patches ** 2).sum().item()
-    return flops
+def prepared(index, item, function):
+    """function(text, image) of one item ({"text", "image"}), a UserError naming the item if it is malformed
+    or function fails on it."""
+    if not isinstance(item, dict) or not ({"text", "image"} & set(item)):
+        raise UserError(f"item {index}: expected a dict with 'text' and/or 'image', got {item!r:.80}")
+    text, image = item.get("text") or "", item.get("image")
+    try:
+        if not text.strip() and image is None:
+            raise UserError("has no text and no image")
+        return function(text, image)
+    except ValueError as error:
+        raise UserError(f"item {index}: {error}") from None
 
 
-class HideKernelFallbackWarning(logging.Filter):
-    """Drops transformers' 'falling back to its reference PyTorch implementation' lines (two per process, at the
-    first forward): kernel_report says it once, in its own words. Installed when this module is imported, so the
-    Python API (load_embedder in a notebook) is as quiet as the scripts."""
+class Items(torch.utils.data.Dataset):
+    """items[i] preprocessed (in a worker when num_workers > 0), for item_batches."""
 
-    def filter(self, record):
-        return "falling back to its reference PyTorch implementation" not in record.getMessage()
+    def __init__(self, items, preprocessor):
+        self.items, self.preprocessor = items, preprocessor
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return prepared(i, self.items[i], self.preprocessor)
 
 
-logging.getLogger("transformers.integrations.hub_kernels").addFilter(HideKernelFallbackWarning())
+def item_batches(items, preprocessor, batch_size, num_workers=0):
+    """Items ({"text", "image"} dicts) -> (indices, collated batch) pairs by length_batches, preprocessed in
+    num_workers DataLoader workers (0: in this process). An error names the item's index."""
+    lengths = [prepared(i, item, preprocessor.num_tokens) for i, item in enumerate(items)]
+    return length_batches(Items(items, preprocessor), lengths, batch_size, num_workers, preprocessor.collate)
 
 
-def kernel_report(device):
-    """One line: which Gated DeltaNet and causal-conv1d code transformers' qwen3_5 runs. It binds them once, when
-    its modeling file is imported: the function from flash-linear-attention (fla) and causal_conv1d if those import,
-    else its reference PyTorch code; the same import look-up here gives the same answer. On a CPU the reference code
-    is the only one there is; on a GPU it is right but slow: pip install -r requirements-gpu.txt."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401 - binds the kernels on import
-
-    def bound(module, names):
-        try:
-            module = importlib.import_module(module)
-            return all(getattr(module, name, None) is not None for name in names)
-        except Exception:  # noqa: BLE001 - transformers treats every import failure as "not installed"
-            return False
-    fla = bound("fla.ops.gated_delta_rule", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
-    conv = bound("causal_conv1d", ["causal_conv1d_fn", "causal_conv1d_update"])
-    where = "as expected on a CPU" if device.type == "cpu" else "slow on a GPU: pip install -r requirements-gpu.txt"
-    return (f"kernels: Gated DeltaNet {'flash-linear-attention' if fla else 'PyTorch reference'}, causal conv1d "
-            f"{'causal_conv1d' if conv else 'PyTorch reference (F.conv1d)'}"
-            + ("" if fla and conv else f" ({where})"))
+def length_batches(dataset, lengths, batch_size, num_workers, collate_fn):
+    """(indices, collate_fn of their dataset entries) pairs, batch_size entries of about one length each (lengths,
+    sorted longest first, so an out-of-memory error shows at once), built in num_workers DataLoader workers."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate_fn)
+    return zip(batches, loader)

@@ -13,11 +13,12 @@ dot-product logits (eq. 2). Both weight each query by the Focal Embedding Loss (
 confidence stays cosine. The vision tower and its merger stay frozen.
 
 A step: each rank embeds its share of the global batch (queries, then their positives and hard negatives),
-loss.py ranks every query against the candidates of all ranks, backward, clip, AdamW. On several GPUs the
-model is sharded with FSDP2 (bf16 parameters, float32 gradient reduction and master weights).
-Checkpoints (checkpoint.py) hold model, optimizer, data position, RNG, step and config, each file checksummed;
---resume=True continues the newest intact one exactly. At the end out_dir/export/ gets the merged model as a
-Hugging Face folder with a model card, and out_dir/curves.png the training curves.
+loss.py ranks every query against the candidates of all ranks, backward, clip, AdamW (train_step.py). On several
+GPUs the model is sharded with FSDP2 (bf16 parameters, float32 gradient reduction and master weights). The data
+is the prepared table (data.py), converted from the downloads once (readers/training.py) and memory-mapped by
+every rank. Checkpoints (runs/checkpoint.py) hold model, optimizer, data position, RNG, step and config, each file
+checksummed; --resume=True continues the newest intact one exactly. At the end out_dir/export/ gets the merged
+model as a Hugging Face folder with a model card (runs/export.py).
 """
 import atexit
 import functools
@@ -32,55 +33,58 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
 
-import batching
-import checkpoint
 import common
 import configurator
 import data
 import lora
 import loss
-import plot
-import runs
 import train_step
-from checkpoint import load_embedder
 from common import UserError
-from model import kernel_report, peak_flops, step_flops
+from model import EmbeddingSpec
+from readers import training as readers
+from runs import checkpoint, outdir
+from runs.export import load_embedder, save_hf_folder
 
 common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a bad row) ends in one line
 # -----------------------------------------------------------------------------
 # config: the paper's Stage I (Table 3); config/*.py files and --key=value override it
-out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json, curves.png and export/ go here
+out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json and export/ go here
 init_from = "models/Qwen3.5-0.8B-Base"  # a Hugging Face Qwen3.5 folder, or a step folder of an earlier run (Stage II)
 resume = False  # continue from the newest intact checkpoint in out_dir
-allow_config_change = False  # with resume: let a resume change what defines the run (runs.DEFINING), recorded in config.json
+allow_config_change = False  # with resume: let a resume change what defines the run (runs/outdir.py DEFINING), recorded in config.json
 overwrite = False  # a fresh run where an earlier run's checkpoints are: delete them (else the run refuses to start)
 export_only = False  # with resume: write out_dir/export/ from the newest checkpoint and stop
-train_data = ["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic"]  # files, subset folders or download roots, or {"path", "image_dir", "max_rows"} dicts (data.py)
+train_data = ["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic"]  # files, subset folders or download roots, or {"path", "image_dir", "max_rows"} dicts (readers/training.py)
 image_dir = "data/mmE5"  # where the rows' image paths (images/...) are relative to, unless an entry names its own
 train_split = "original"  # the split a subset folder is read through: MMEB-train's 'original' or 'diverse_instruction'
+table_dir = "data/tables"  # where train_data is converted, once, into the table every rank memory-maps
 allow_eval_datasets = False  # let train_data hold rows of MMEB's 16 out-of-distribution evaluation datasets
 allow_any_image_path = False  # let rows name images outside image_dir (absolute paths, ../)
 skip_bad_rows = False  # skip and count bad rows (a missing image, an empty query) and undecodable images instead of stopping
 check_data = False  # read every source and row as the run would, report them and exit (0: the run would start, 1: not)
-instructions = "paper"  # MMEB queries: 'paper' = Table 5's instruction per task format (mmeb.py), 'dataset' = their own
-max_iters = 7847  # optimizer steps: one epoch of ~2.0M rows at batch 256 (README, "Batch size")
+instructions = "paper"  # MMEB queries: 'paper' = Table 5's instruction per task format (readers/mmeb.py), 'dataset' = their own
+max_iters = 7847  # optimizer steps: one epoch of ~2.0M rows at batch 256 (docs/experiments.md, "Batch size")
 batch_size = 256  # global queries per step, split evenly over the ranks
 num_hard_negatives = 5  # per query; candidates = all positives + all hard negatives of the global batch
+# the embedding spec (model.EmbeddingSpec: what a vector means; each field but the backbone is the key of its name)
+system_prompt = "Represent the user's input."  # the system turn of the embedding prompt (Appendix A.2)
+pooling = "last_token"  # the embedding: the final-layer hidden state at the prompt's last <|endoftext|>
+similarity = "cos"  # 'cos' (eq. 1, Stage I) or 'dot' (eq. 2, Stage II)
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
 max_pixels = 1605632  # image pixel budget
 min_pixels = 0  # 0: the checkpoint's own minimum
+# the loss and the optimizer
 learning_rate = 2e-5  # AdamW peak learning rate
 warmup_ratio = 0.05  # share of max_iters with linear warmup
 lr_decay = "linear"  # after warmup: 'linear' to 0, 'cosine' to 0, or 'constant'
 weight_decay = 0.0  # AdamW weight decay on matrices
 adam_betas = (0.9, 0.999)  # AdamW betas
 grad_clip = 1.0  # clip the global gradient norm to this (0: off)
-similarity = "cos"  # 'cos' (eq. 1, Stage I) or 'dot' (eq. 2, Stage II)
 temperature = 0.1  # tau of the contrastive logits: 0.1 for cos, 100 for dot
 focal_gamma = 2.0  # gamma of eq. (5); 0 is plain InfoNCE (the VLM2Vec baseline)
 focal_temperature = 0.1  # tau_w of the cosine focal confidence, eq. (4)
 weighting = "focal"  # query weights: 'focal' (eq. 5) or Figure 6(b)'s 'random', 'query_positive', 'query_negative'
-soft_labels = "none"  # 'judge': UniME-V2's alignment with a judge's scores (mine.py writes them), eqs. (U1)-(U4) of loss.py
+soft_labels = "none"  # 'judge': UniME-V2's alignment with a judge's scores (tools/mine.py writes them), eqs. (U1)-(U4) of loss.py
 judge_temperature = 0.02  # tau_j of the judge's soft labels, eq. (U1) (UniME-V2's code: 0.02)
 alignment_weight = 1.0  # lambda of the alignment term beside the InfoNCE, eq. (U4)
 lora_rank = 32  # LoRA rank on the language model; 0 = full fine-tuning of the language model
@@ -88,6 +92,7 @@ lora_alpha = 64  # LoRA scale is alpha / rank
 lora_dropout = 0.0  # dropout on the LoRA input
 grad_cache_chunk = 0  # GradCache (Appendix C.1): items per chunk, 0 = off
 micro_batch = 32  # without GradCache: at most this many items a forward call (data.split_by_length)
+# the run
 num_workers = 8  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
 checkpoint_interval = 500  # save a checkpoint every this many steps (and at the last step)
 checkpoint_minutes = 30.0  # also save when this much wall time has passed since the last save (0: off)
@@ -96,7 +101,7 @@ keep_checkpoints = [2000, 4000, 7847]  # never pruned: Stage II starts from 2,00
 keep_last = 2  # newest checkpoints kept besides keep_checkpoints
 max_bad_steps = 10  # stop after this many bad steps in a row (non-finite, or the embeddings collapsed)
 log_interval = 10  # print and log every this many steps (and at least every 30 s)
-seed = 1337  # seeds data order, LoRA init and dropout
+seed = 1337  # seeds data order, the fill of missing negatives, LoRA init and dropout
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
 dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype; master weights stay float32
 activation_checkpointing = True  # recompute each decoder layer in backward: the paper's batch needs it at 80 GB
@@ -110,28 +115,27 @@ config = configurator.configure(globals(), sys.argv[1:])
 
 for key, allowed in (("similarity", loss.SIMILARITIES), ("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")),
                      ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset")),
-                     ("soft_labels", loss.SOFT_LABELS)):
+                     ("soft_labels", ("none", "judge")), ("pooling", EmbeddingSpec.POOLINGS)):
     configurator.check_choice(key, config[key], allowed)
 configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"))
 
+# -----------------------------------------------------------------------------
+# data: the prepared table (converted from train_data on first use, by one process), checked before anything else
 
-def read_rows(check=False):
-    """The training rows of train_data and their per-subset reports (data.load_train_rows)."""
-    return data.load_train_rows(train_data, image_dir, num_hard_negatives, seed=seed, skip_bad_rows=skip_bad_rows,
-                                allow_any_image_path=allow_any_image_path, instructions=instructions,
-                                train_split=train_split, allow_eval_datasets=allow_eval_datasets, check=check,
-                                judged=soft_labels == "judge")
-
-
+table = data.TrainTable(readers.prepared_table(train_data, image_dir, table_dir, train_split, instructions,
+                                               allow_any_image_path))
+problems = readers.problems(table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, soft_labels == "judge")
+if len(table) < batch_size:
+    problems.append(f"{len(table):,} usable rows cannot fill one batch of {batch_size}")
 if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
     configurator.print_config(config)
-    rows, reports = read_rows(check=True)
-    problems = [f"{r.subset}: {p}" for r in reports for p in r.problems(skip_bad_rows, allow_eval_datasets)]
-    if len(rows) < batch_size:
-        problems.append(f"{len(rows):,} usable rows cannot fill one batch of {batch_size}")
-    print(f"check_data: {len(reports)} subsets, {len(rows):,} usable rows, {sum(r.num_bad for r in reports):,} "
-          f"bad; " + ("the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)))
+    bad = sum(sum(s["bad"].values()) for s in table.subsets)
+    print(f"check_data: {len(table.subsets)} subsets, {len(table):,} usable rows, {bad:,} bad; " + (
+        "the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
     sys.exit(1 if problems else 0)
+if problems:
+    raise UserError("train_data: " + "; ".join(problems) + " (--check_data=True reports every source)")
 
 rank, local_rank, world_size, run_device = common.compute_init(device, timeout_minutes)
 master, distributed = rank == 0, world_size > 1
@@ -150,38 +154,39 @@ def barrier():
         dist.barrier()
 
 
-# out_dir: one run at a time (runs.py's lock), never two runs mixed, and clear what a crash left
-lock = common.on_rank_zero(lambda: runs.take_lock(out_dir))
-atexit.register(runs.release_lock, lock)
+# out_dir: one run at a time (the lock), never two runs mixed, and clear what a crash left
+lock = common.on_rank_zero(lambda: outdir.take_lock(out_dir))
+atexit.register(outdir.release_lock, lock)
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
-earlier = runs.refuse_mixing(out_dir, fresh=not (resume or export_only), overwrite=overwrite)  # every rank alike
+earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overwrite=overwrite)  # every rank alike
 if master:
-    runs.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
+    outdir.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)))
 barrier()
-resume_from = common.on_rank_zero(lambda: runs.newest_intact(out_dir) if resume or export_only else None)
+resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None)
 resumed = checkpoint.read_info(resume_from) if resume_from else {}  # every rank resumes from what rank 0 verified
 if (resume or export_only) and resume_from is None:
     if export_only:
         raise UserError(f"no intact checkpoint in {out_dir}: nothing to export")
     print(f"no intact checkpoint in {out_dir}: starting fresh")
-if resume and not export_only and runs.finished(resumed, max_iters, checkpoint.read_info(export_dir)):
-    print(f"{out_dir} finished at step {max_iters} and is exported: nothing to do (export/, its model card and "
-          "curves.png are kept; raise --max_iters to train on)")
+if resume and not export_only and outdir.finished(resumed, max_iters, checkpoint.read_info(export_dir)):
+    print(f"{out_dir} finished at step {max_iters} and is exported: nothing to do (export/ and its model card are "
+          "kept; raise --max_iters to train on)")
     barrier()
     sys.exit(0)
-changed = runs.resume_changes(resumed.get("config", {}), config, allow_config_change) if resume_from else {}
+changed = outdir.resume_changes(resumed.get("config", {}), config, allow_config_change) if resume_from else {}
 if changed:
     print(f"resuming {resume_from} with changed settings: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
 if master:
-    runs.write_config(os.path.join(out_dir, "config.json"), config, resumed.get("step", 0), changed)
+    outdir.write_config(os.path.join(out_dir, "config.json"), config, resumed.get("step", 0), changed)
 
 # -----------------------------------------------------------------------------
-# model: a Hugging Face backbone, or a Stage I step folder whose LoRA is merged first (Stage II)
+# model: a Hugging Face backbone, or a Stage I step folder whose LoRA is merged first (Stage II), under this run's
+# embedding spec (the backbone it descends from is the lineage's)
 
-pixel_args = dict(max_length=max_length, max_pixels=max_pixels or None, min_pixels=min_pixels or None)
-embedder, init_info = load_embedder(init_from, torch.float32, **pixel_args)
-backbone = os.path.abspath(init_info.get("backbone", init_from))  # the Hugging Face folder the lineage began with
+spec_fields = {key: config[key] for key in EmbeddingSpec.fields() if key in config}
+embedder, init_info = load_embedder(init_from, torch.float32, **spec_fields)
 if lora.merge_lora(embedder):  # Stage II from a Stage I step folder: fold its adapters into W
     print(f"merged the LoRA adapters of {init_from}")
 language_model = embedder.model.language_model
@@ -206,11 +211,12 @@ num_trainable, num_language = sum(p.numel() for p in trainable), sum(p.numel() f
 print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
     f"rank-{lora_rank} LoRA adapters on {len(wrapped)} linear layers of the {(num_language - num_trainable) / 1e6:.2f}M"
     "-parameter language model" if lora_rank > 0 else "the whole language model") + "; the vision tower is frozen")
-print(kernel_report(run_device))
+print(train_step.kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
 loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma, focal_temperature=focal_temperature,
-                 weighting=weighting, soft_labels=soft_labels)  # loss.pace_loss, eqs. (3)-(7)
-if soft_labels == "judge":
+                 weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
+judged = soft_labels == "judge"
+if judged:
     loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight)  # eqs. (U1)-(U4)
 
 
@@ -226,41 +232,41 @@ def get_lr(it):
 
 
 # -----------------------------------------------------------------------------
-# data: this rank's share of each global batch, decoded and tokenised in worker processes
+# batches: this rank's share of each global batch, decoded and tokenised in worker processes
 
 preprocessor = embedder.preprocessor
-rows, reports = read_rows()  # every rank reads all rows alike (the sampler picks each rank's share)
-if allow_eval_datasets and any(r.leak for r in reports):
-    print("allow_eval_datasets=True: training on " + ", ".join(sorted({r.dataset for r in reports if r.leak})) +
-          ", MMEB out-of-distribution evaluation datasets: their MMEB scores are no longer out of distribution")
-dataset = batching.TrainDataset(rows, preprocessor, skip_bad_rows)
-sampler = batching.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
+if allow_eval_datasets and any(s["leak"] for s in table.subsets):
+    print("allow_eval_datasets=True: training on " + ", ".join(sorted({s["dataset"] for s in table.subsets if s["leak"]}))
+          + ", MMEB out-of-distribution evaluation datasets: their MMEB scores are no longer out of distribution")
+dataset = data.TrainDataset(table, preprocessor, num_hard_negatives, seed, skip_bad_rows)
+sampler = data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
 # Each side's items are sorted by length and cut into chunks, one forward call each: short items do not pad to
 # the longest of the batch. The number of chunks depends on the item count alone, never on tokens: every rank
 # makes the same number of forward calls, each FSDP2 forward being a collective.
-collate = batching.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
+collate = data.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
 workers = common.worker_count(num_workers)
 loader_args = dict(batch_sampler=sampler, num_workers=workers, collate_fn=collate, pin_memory=run_device.type == "cuda",
-                   worker_init_fn=functools.partial(runs.ignore_signals, stop_signals))  # the main process handles them
-print(f"{len(dataset):,} training rows, {sampler.batches_per_epoch:,} steps an epoch at batch {batch_size}"
-      + (f"; {workers} DataLoader workers (num_workers={num_workers}, more than this rank's cores)"
-         if workers < num_workers else ""))
+                   worker_init_fn=functools.partial(outdir.ignore_signals, stop_signals))  # the main process handles them
+print(f"{len(dataset):,} training rows ({table.path}), {sampler.batches_per_epoch:,} steps an epoch at batch "
+      f"{batch_size}" + (f"; {workers} DataLoader workers (num_workers={num_workers}, more than this rank's cores)"
+                         if workers < num_workers else ""))
 
 
 # -----------------------------------------------------------------------------
-# checkpoints: out_dir/step_NNNNNN (the format is in checkpoint.py)
+# checkpoints: out_dir/step_NNNNNN (the format is in runs/checkpoint.py)
 
 step, bad_steps_total, skipped_rows_total = 0, 0, 0  # the run's counters, saved with every checkpoint
 
 def save_checkpoint(step):
-    """Each rank writes its shards and RNG state into step_NNNNNN.tmp; rank 0 records every file's size and
-    checksum in pace.json and renames the folder, so a complete-looking checkpoint is a complete one."""
+    """Each rank writes its shards and RNG state into step_NNNNNN.tmp; rank 0 the embedding spec, and every file's
+    size and checksum in pace.json, and renames the folder, so a complete-looking checkpoint is a complete one."""
     path = checkpoint.step_path(out_dir, step)
     tmp = path + ".tmp"
     print(f"saving {path} ...", flush=True)  # minutes for a full model and its optimizer: not silence
     if master:
         checkpoint.remove(tmp)
         os.makedirs(tmp)
+        embedder.spec.save(tmp)
     barrier()
     model_state, optim_state = get_state_dict(embedder, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
@@ -269,11 +275,11 @@ def save_checkpoint(step):
     barrier()
     files = checkpoint.record_files(tmp, rank, world_size)
     if master:
-        checkpoint.finish(tmp, path, {"step": step, "backbone": backbone, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
-                                      "similarity": similarity, "sampler": sampler.state_dict(), "world_size": world_size,
+        checkpoint.finish(tmp, path, {"step": step, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
+                                      "sampler": sampler.state_dict(), "world_size": world_size, "table": table.path,
                                       "bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total, "config": config,
                                       "files": files})
-        runs.prune(out_dir, keep_last, keep_checkpoints)
+        outdir.prune(out_dir, keep_last, keep_checkpoints)
     barrier()
     print(f"saved {path}")
 
@@ -300,10 +306,7 @@ def export(step):
     state = get_model_state_dict(embedder, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master:
         state = lora.merge_lora_state_dict(state, lora_alpha)
-        info = {"step": step, "backbone": backbone, "similarity": similarity, "lora_rank": 0,
-                "trained_lora_rank": lora_rank, "config": config}
-        checkpoint.save_hf_folder(state, backbone, export_dir, info, checkpoint.model_card(info, export_dir),
-                                  image_size=preprocessor.image_processor.size)  # the pixel budget it trained at
+        save_hf_folder(state, embedder.spec, export_dir, {"step": step, "trained_lora_rank": lora_rank, "config": config})
         print(f"exported {export_dir}")
     barrier()
 
@@ -320,13 +323,13 @@ if export_only:
     export(step)
     sys.exit(0)
 if master:  # log.jsonl holds this run's steps: a resumed run drops what came after its checkpoint
-    records = runs.read_log(log_path) if resume_from and os.path.exists(log_path) else []  # its steps so far
+    records = outdir.read_log(log_path) if resume_from and os.path.exists(log_path) else []  # its steps so far
     with open(log_path, "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in records if record["step"] <= step)
 if wandb_log and master:
     wandb = common.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
 
-gpu_peak = peak_flops(run_device)
+gpu_peak = train_step.peak_flops(run_device)
 window = dict(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=time.time(), step=step)  # since the last line
 start = time.time()
 
@@ -360,11 +363,11 @@ def log_step(step, stats, lr, grad_norm):
 
 
 bad_in_row, first_bad, stopping, last_save = 0, 0, False, time.time()
-stop = runs.StopSignals(stop_signals)  # a signal only sets stop.received: the step in progress finishes
+stop = outdir.StopSignals(stop_signals)  # a signal only sets stop.received: the step in progress finishes
 embedder.train()
 # its own generator: making the iterator would otherwise draw from the global RNG, after a resume restored it
 loader = iter(torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(seed + rank), **loader_args))
-runs.kill_workers_at_exit()  # its workers ignore the stop signals, so at exit they are killed, on every path
+outdir.kill_workers_at_exit()  # its workers ignore the stop signals, so at exit they are killed, on every path
 while step < max_iters:
     step += 1  # the number of this step, from 1, as every line and record shows it
     batch = next(loader)
@@ -372,36 +375,40 @@ while step < max_iters:
     lr = get_lr(step - 1)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    stats = train_step.forward_backward(embedder, batch, loss_args, grad_cache_chunk, autocast)
+    terms = train_step.forward_backward(embedder, batch, loss_args, grad_cache_chunk, autocast, judged)
     grad_norm = train_step.clip_gradients(trainable, grad_clip)
-    problem = ("a non-finite loss or gradient" if not (math.isfinite(stats["loss"]) and math.isfinite(grad_norm))
-               else "collapsed embeddings (every logit of a query alike)" if loss.collapsed(stats) else "")
+    # one all-reduce a step, summed over the ranks: the loss (eq. 7: the mean of the ranks' terms.loss), whether the
+    # embeddings collapsed (every logit of a query alike, on every rank), this rank's undecodable rows, whether it
+    # has been 30 s since the last line, whether a stop signal came and whether checkpoint_minutes have passed since
+    # the last save: every rank then skips, logs, saves and stops at the same steps (each a collective)
+    counts = torch.cat([torch.stack([terms.loss.detach().float() / world_size,
+                                     (loss.logit_spread(terms) < loss.COLLAPSE_SPREAD).float()]),
+                        torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30),
+                                      float(bool(stop.received)), float(0 < checkpoint_minutes * 60 < time.time() - last_save)],
+                                     device=run_device)])
+    if distributed:
+        dist.all_reduce(counts)
+    loss_value, collapsed, skipped_now, slow, signalled, save_due = counts.tolist()  # one read back to the host
+    problem = ("a non-finite loss or gradient" if not (math.isfinite(loss_value) and math.isfinite(grad_norm))
+               else "collapsed embeddings (every logit of a query alike)" if collapsed == world_size else "")
     if not problem:  # the same verdict on every rank: the loss and the norm are global
         optimizer.step()
         bad_in_row = 0
     else:
         bad_in_row, bad_steps_total, first_bad = bad_in_row + 1, bad_steps_total + 1, first_bad if bad_in_row else step
-        print(f"step {step}/{max_iters}: {problem} (loss {stats['loss']}, grad norm {grad_norm}); update skipped "
+        print(f"step {step}/{max_iters}: {problem} (loss {loss_value}, grad norm {grad_norm}); update skipped "
               f"({bad_in_row} in a row, {bad_steps_total} in all)")
     optimizer.zero_grad(set_to_none=True)
     chunks = batch["query"] + batch["candidate"]
     window["real"] += sum(int(chunk["attention_mask"].sum()) for chunk in chunks)
     window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)
-    window["flops"] += step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
+    window["flops"] += train_step.step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
     window["skipped"] += batch["skipped"]
-    # this rank's undecodable rows, whether it has been 30 s since the last line, whether a stop signal came and
-    # whether checkpoint_minutes have passed since the last save, summed over the ranks: every rank then logs,
-    # saves and stops at the same steps (each a collective)
-    counts = torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30), float(bool(stop.received)),
-                           float(0 < checkpoint_minutes * 60 < time.time() - last_save)], device=run_device)
-    if distributed:
-        dist.all_reduce(counts)
-    skipped_now, slow, signalled, save_due = counts.tolist()  # one read back to the host
     window["skipped_count"] += int(skipped_now)
     skipped_rows_total += int(skipped_now)  # every step, so a checkpoint at any step saves it
     stopping = signalled > 0
     if step % log_interval == 0 or step in (1, max_iters) or slow > 0 or stopping:
-        log_step(step, stats, lr, grad_norm)
+        log_step(step, loss.statistics(terms), lr, grad_norm)  # the statistics' one all-reduce, on log steps only
     if bad_in_row >= max_bad_steps:
         break
     if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints or stopping or save_due > 0:
@@ -418,22 +425,20 @@ stopped = bad_in_row >= max_bad_steps
 if stopping and not stopped:
     good = checkpoint.complete(out_dir)
     print(f"stopped at step {step} on {stop.received or 'a signal to another rank'}; the newest checkpoint is "
-          f"{good[-1] if good else 'none'}: continue with --resume=True (exit code {runs.EXIT_RESUME})", flush=True)
+          f"{good[-1] if good else 'none'}: continue with --resume=True (exit code {outdir.EXIT_RESUME})", flush=True)
 elif stopped:
     # step first_bad's forward ran on the weights saved as step first_bad - 1: that checkpoint, and any after it,
     # hold weights that went wrong. They move aside (nothing is deleted), so --resume=True takes the one before.
     if master:
-        for path in runs.set_aside(out_dir, first_bad - 1):
+        for path in outdir.set_aside(out_dir, first_bad - 1):
             print(f"moved {path} aside to {path}.suspect: its weights led to step {first_bad}")
     good = checkpoint.complete(out_dir)
     print(f"stopping: {bad_in_row} bad steps in a row from step {first_bad}; the last good checkpoint is "
           f"{good[-1] if good else 'none'}")
 else:
     export(step)
-    if master:
-        plot.save(plot.training_curves([log_path]), os.path.join(out_dir, "curves.png"))
-        print(f"drew {os.path.join(out_dir, 'curves.png')}")
+    print(f"draw the training curves: python -m tools.plot {out_dir}")
 barrier()
 if distributed:
     dist.destroy_process_group()
-sys.exit(1 if stopped else runs.EXIT_RESUME if stopping else 0)
+sys.exit(1 if stopped else outdir.EXIT_RESUME if stopping else 0)

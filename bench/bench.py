@@ -19,7 +19,7 @@ round, so the machine's speed and its drift cancel out.
    so its own floor adds one no-grad forward of all chunks, and the goal is on that ratio.
 2. padding: the share of computed positions that are padding, and the forward calls a batch, under three cuts
    of each side: ceil(n / max_items) near-equal chunks in the batch's order or length-sorted (the simple rule),
-   and batching.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
+   and data.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
    (synthetic.py). Goal <= 10 %. Sorting acts within a batch: which rows meet stays random.
 3. cut: the plain step's time under the least-padding cut over the simple rule's, on the same MMEB-shaped rows
    (at most 3 rounds after 1).
@@ -27,12 +27,13 @@ round, so the machine's speed and its drift cancel out.
 5. data: items/s per DataLoader worker (JPEG decode, resize, patchify, tokenise, collate); on GPU the headroom
    of `num_workers` workers over the Stage I step.
 6. eval: Embedder.encode items/s and, on the toy set, eval.py's dedup factor (references / distinct items).
-7. startup (not in the default sections): data.load_train_rows on 200,000 synthetic rows in the real mmE5 layout
-   (Parquet, negatives as list-literal strings with '' entries, images/<Subset>/Train/ paths, 20 subsets), as
-   --check_data=True reads them and as a training start reads them: rows per second, and the memory a row costs
-   once packed (data.PackedRows); every rank holds all rows.
-On a GPU the step rows add tokens/s, MFU (model.step_flops over model.peak_flops) and peak memory; the header
-says which Gated DeltaNet kernels run (model.kernel_report). --fsdp=True joins a one-rank process group (gloo on
+7. startup (not in the default sections): 200,000 synthetic rows in the real mmE5 layout (Parquet, negatives as
+   list-literal strings with '' entries, images/<Subset>/Train/ paths, 20 subsets) converted into the prepared
+   table (readers/training.py, once: rows per second, memory at the peak), then two training starts at once on it,
+   as two ranks: seconds and the private memory each grows by before its first step, and the file pages it maps
+   (shared); extrapolated to the paper's 2.03M rows.
+On a GPU the step rows add tokens/s, MFU (train_step.step_flops over train_step.peak_flops) and peak memory; the
+header says which Gated DeltaNet kernels run (train_step.kernel_report). --fsdp=True joins a one-rank process group (gloo on
 CPU, NCCL on CUDA), shards both stages' models with train_step.fully_shard_embedder and runs forward_backward's
 distributed path, as on 8 GPUs; it measures step and cut.
 """
@@ -50,13 +51,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import batching
 import common
+import data
+import loss
 import train_step
-from bench import synthetic  # the data, models and cuts measured on; its constants are not config keys
+from bench import synthetic  # the data, models and cuts measured on
 from configurator import configure
-from model import Preprocessor, kernel_report, peak_flops, step_flops
+from model import Preprocessor
 from shapes.tiny_model import make_tiny_checkpoint
+from train_step import kernel_report, peak_flops, step_flops
 
 _here = os.path.dirname(os.path.abspath(__file__))
 
@@ -111,10 +114,13 @@ def step_inputs(embedder, loss_args, grad_cache, autocast):
 def train_step_once(step, optimizer, batch):
     """One optimizer step as train.py's loop takes it: forward_backward, clip_gradients (grad_clip 1.0, as the
     paper's runs), AdamW, zero_grad."""
-    stats = train_step.forward_backward(step["embedder"], batch, step["loss_args"], step["grad_cache_chunk"],
+    terms = train_step.forward_backward(step["embedder"], batch, step["loss_args"], step["grad_cache_chunk"],
                                         step["autocast"])
     grad_norm = train_step.clip_gradients(step["trainable"], 1.0)
-    if math.isfinite(stats["loss"]) and math.isfinite(grad_norm):  # train.py skips such an update too
+    # the step's verdict, read back once as train.py reads it (there within the all-reduce every step makes)
+    loss_value, collapsed = torch.stack([terms.loss.detach().float(),
+                                         (loss.logit_spread(terms) < loss.COLLAPSE_SPREAD).float()]).tolist()
+    if math.isfinite(loss_value) and math.isfinite(grad_norm) and not collapsed:  # train.py skips such an update too
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -270,15 +276,15 @@ def measure_step(results, name, step, optimizer, batch, grad_cache, full_finetun
 
 def measure_padding(results, toy_dataset):
     """Section 2: padding share and forward calls a batch under each cut. Positions are counted from the lengths,
-    as batching.collate_train pads: each chunk to its longest item."""
+    as data.collate_train pads: each chunk to its longest item."""
     data_sets = synthetic.padding_batches(toy_dataset, num_hard_negatives, max_pixels, seed)  # name -> batches
     tokens_per_row = sum(map(sum, sum(data_sets["mix"], []))) / (32 * len(data_sets["mix"]))
-    print(f"2. padding: share of computed positions (each side cut apart, as batching.collate_train) and forward calls a "
+    print(f"2. padding: share of computed positions (each side cut apart, as data.collate_train) and forward calls a "
           f"batch, over batches of 32 rows: {len(data_sets.get('toy', []))} toy, 100 MMEB-shaped ({tokens_per_row:,.0f}"
           f" real tokens a row); goal <= 10 % with the cut train.py uses", flush=True)
     for label, max_items in [("one chunk per side", None), (f"micro_batch {micro_batch}", micro_batch),
                              (f"GradCache {grad_cache_chunk}", grad_cache_chunk)]:
-        for cut, split in synthetic.CUTS.items() if max_items else [("", batching.split_by_length)]:
+        for cut, split in synthetic.CUTS.items() if max_items else [("", data.split_by_length)]:
             row, parts = {"name": f"{label}, {cut}" if cut else label}, []
             for key, batches in data_sets.items():
                 lengths = sum(batches, [])  # every side of every batch
@@ -293,7 +299,7 @@ def measure_padding(results, toy_dataset):
 def measure_cuts(results, stages, items, preprocessor):
     """Section 3: each stage's plain step on the same rows under the least-padding cut and the simple rule."""
     print(f"3. cut: the plain step on {batch_size} MMEB-shaped rows, micro_batch {micro_batch}: the least-padding "
-          f"cut (batching.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
+          f"cut (data.split_by_length) / the sorted items in ceil(n / {micro_batch}) equal chunks", flush=True)
     batches = {cut: synthetic.collate(preprocessor, items, micro_batch, synthetic.CUTS[cut])
                for cut in ("sorted, equal chunks", "least padding")}
     for name, optimizer, steps in stages:
@@ -335,9 +341,9 @@ def measure_data(results, preprocessor, folder):
     """Section 5: one worker's items per second on MMEB-shaped rows whose images are JPEG files on disk; on a GPU,
     against what the Stage I step of section 1 consumes."""
     print("5. data loading: TrainDataset + collate_train in one process, as one DataLoader worker", flush=True)
-    rows = synthetic.jpeg_rows(folder, 4 * batch_size, num_hard_negatives, max_pixels, seed)
-    dataset = batching.TrainDataset(rows, preprocessor)
-    collate_fn = batching.collate_train(preprocessor, max_items=micro_batch)  # as train.py's DataLoader without GradCache
+    dataset, image_share = synthetic.jpeg_dataset(folder, preprocessor, 4 * batch_size, num_hard_negatives, max_pixels,
+                                                  seed)
+    collate_fn = data.collate_train(preprocessor, max_items=micro_batch)  # as train.py's DataLoader without GradCache
     collate_fn([dataset[i] for i in range(batch_size)])  # warm-up: imports, tokenizer caches
     start = time.perf_counter()
     for k in range(4):
@@ -345,7 +351,7 @@ def measure_data(results, preprocessor, folder):
     items_per_s = 4 * batch_size * ROW_ITEMS / (time.perf_counter() - start)
     paper_items = 32 * ROW_ITEMS  # the paper's 32 queries a GPU
     row = {"name": "data", "items_per_s_per_worker": items_per_s, "worker_s_per_paper_batch": paper_items / items_per_s,
-           "image_share": statistics.mean(s["image"] is not None for r in rows for s in [r["query"]] + r["candidates"])}
+           "image_share": image_share}
     line = (f"  {items_per_s:.0f} items/s per worker ({row['image_share']:.0%} of the items with a JPEG of 256-768 px "
             f"a side); one worker takes {row['worker_s_per_paper_batch']:.1f} s per paper batch of {paper_items} items")
     stage1 = [r for r in results.data.get("step", []) if r["name"] == STAGES[0][0] and "step_s" in r]
@@ -369,19 +375,20 @@ def measure_eval(results, embedder, toy, device):
 
 
 def measure_startup(results, num_rows):
-    """Section 7: reading num_rows rows of a synthetic mmE5 download as --check_data=True reads them and as a
-    training start reads them, each in a process of its own (synthetic.startup_figures): rows per second, the packed
-    rows' bytes a row (what every rank holds for the whole run) and the growth of the resident memory to its peak
-    while reading, a row, and the paper's 2.03M rows extrapolated from them."""
+    """Section 7: num_rows rows of a synthetic mmE5 download converted into the prepared table, then two training
+    starts on it at once (synthetic.startup_figures), each in a process of its own: conversion rows per second and
+    its memory at the peak, each start's seconds and private memory before its first step, extrapolated to the
+    paper's 2.03M rows."""
     print(f"7. start-up: {num_rows:,} rows in the mmE5-MMEB-hardneg layout (20 subsets, list-literal negatives), "
-          "each reading in a process of its own", flush=True)
+          "converted once, then two starts at once as two ranks, each in a process of its own", flush=True)
     row = synthetic.startup_figures(num_rows, num_hard_negatives, seed)
-    results.add("startup", row, f"  check_data {row['check_data_rows_per_s']:,.0f} rows/s | training start "
-                f"{row['training_start_rows_per_s']:,.0f} rows/s | {row['packed_bytes_per_row']:,.0f} bytes a row "
-                f"packed, peak growth {row['peak_growth_bytes_per_row']:,.0f} bytes a row | the paper's "
-                f"{row['paper_rows']:,} rows: check_data about {row['paper_check_data_s']:,.0f} s, training start "
-                f"about {row['paper_training_start_s']:,.0f} s and {row['paper_packed_gb']:.2f} GB packed per rank "
-                f"(peak {row['paper_peak_growth_gb']:.2f} GB)")
+    results.add("startup", row, f"  conversion {row['conversion_rows_per_s']:,.0f} rows/s (peak growth "
+                f"{row['conversion_peak_growth_bytes_per_row']:,.0f} bytes a row, table {row['table_bytes_per_row']:,.0f} "
+                f"bytes a row) | a start {row['start_s']:.2f} s, {row['start_private_bytes'] / 2**20:.1f} MB private, "
+                f"{row['start_file_resident_bytes'] / 2**20:.1f} MB of mapped pages (shared) | the paper's "
+                f"{row['paper_rows']:,} rows: conversion about {row['paper_conversion_s']:,.0f} s once, a start at most "
+                f"{row['paper_start_s_at_most']:.1f} s and {row['paper_start_private_mb_at_most']:.0f} MB private per "
+                f"rank, a table of {row['paper_table_gb']:.2f} GB")
 
 
 # -----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ a synthetic download in mmE5's real layout for the start-up figures.
     embedder = random_embedder("qwen3.5-0.8b", preprocessor, torch.device("cuda"))
     batch = collate(preprocessor, items, 32, CUTS["sorted, equal chunks"])      # collate_train under the simple rule
     root = mmE5_download("/tmp/mmE5", 200_000, num_negatives=5, seed=0)        # Parquet subsets and empty images
-    row = startup_figures(200_000, num_negatives=5, seed=0)                     # reading it: rows/s, bytes a row
+    row = startup_figures(200_000, num_negatives=5, seed=0)                     # converting it, then starting on it
 """
 import contextlib
 import copy
@@ -32,11 +32,13 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-import batching
 import data
 import lora
-import mmeb
+from common import IMAGE_MARKER
 from model import Embedder, smart_resize
+from readers import mmeb
+from readers import training as readers
+from readers.evaluation import find_eval_datasets, read_eval_dataset
 
 # Qwen3.5-0.8B-Base and Qwen3.5-2B-Base as released (model type qwen3_5), read off public copies of the release
 # config.json files (third-party code and model cards; at least two agree on each value), not the files themselves.
@@ -126,17 +128,32 @@ def mix_items(preprocessor, count, num_negatives, max_pixels, seed, num_workers)
 
 
 def mix_train_rows(rng, num_rows, num_negatives, max_pixels, jpegs=()):
-    """Rows of the mix as data.load_train_rows gives them: {"query": side, "candidates": [positive, negatives]},
-    each side an Embedder item (side_item: a JPEG of `jpegs` or an in-memory image)."""
+    """Rows of the mix as data.filled gives them: {"query": side, "candidates": [positive, negatives]}, each side
+    an Embedder item (side_item: a JPEG of `jpegs` or an in-memory image)."""
     side = lambda spec: side_item(rng, spec, jpegs)  # noqa: E731
     return [{"query": side(r["query"]), "candidates": [side(c) for c in r["candidates"]]}
             for r in mix_rows(rng, num_rows, num_negatives, max_pixels)]
 
 
-def jpeg_rows(folder, num_rows, num_negatives, max_pixels, seed):
-    """Rows of the mix (mix_train_rows) whose images are 48 JPEG files written into folder."""
+def jpeg_dataset(folder, preprocessor, num_rows, num_negatives, max_pixels, seed):
+    """Rows of the mix (mix_train_rows) whose images are 48 JPEG files written into folder, as train.py reads them:
+    written in the plain layout, converted into a prepared table, read by data.TrainDataset.
+    -> (the dataset, the share of items with an image)"""
     rng = random.Random(seed)
-    return mix_train_rows(rng, num_rows, num_negatives, max_pixels, write_jpegs(folder, rng, 48))
+    rows = mix_train_rows(rng, num_rows, num_negatives, max_pixels, write_jpegs(folder, rng, 48))
+    path = lambda side: os.path.relpath(side["image"], folder) if side["image"] else ""  # noqa: E731
+    with open(os.path.join(folder, "rows.jsonl"), "w") as f:
+        for row in rows:
+            positive, negatives = row["candidates"][0], row["candidates"][1:]
+            f.write(json.dumps({"query": row["query"]["text"], "query_image": path(row["query"]),
+                                "positive": positive["text"], "positive_image": path(positive),
+                                "negatives": [n["text"] for n in negatives],
+                                "negative_images": [path(n) for n in negatives]}) + "\n")
+    with contextlib.redirect_stdout(io.StringIO()):
+        table = data.TrainTable(readers.prepared_table(os.path.join(folder, "rows.jsonl"), folder,
+                                                       os.path.join(folder, "tables"), instructions="dataset"))
+    share = float(np.mean([s["image"] is not None for r in rows for s in [r["query"]] + r["candidates"]]))
+    return data.TrainDataset(table, preprocessor, num_negatives, seed), share
 
 
 def write_jpegs(folder, rng, count):
@@ -202,8 +219,9 @@ def toy_data(folder, checkpoint, num_negatives, seed):
     from shapes.prepare import prepare
     toy = prepare(os.path.join(folder, "shapes"), seed=seed, num_train=400)  # 10 batches of 32 for the padding
     embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)
-    rows, _ = data.load_train_rows(toy["train"], toy["images"], num_negatives, seed=seed)
-    return embedder, toy, batching.TrainDataset(rows, embedder.preprocessor)
+    with contextlib.redirect_stdout(io.StringIO()):
+        table = data.TrainTable(readers.prepared_table(toy["train"], toy["images"], os.path.join(folder, "tables")))
+    return embedder, toy, data.TrainDataset(table, embedder.preprocessor, num_negatives, seed)
 
 
 def eval_items(toy, count, num_negatives, max_pixels, seed):
@@ -214,8 +232,8 @@ def eval_items(toy, count, num_negatives, max_pixels, seed):
         rows = mix_train_rows(random.Random(seed + 1), count // (2 + num_negatives), num_negatives, max_pixels)
         return [side for r in rows for side in [r["query"]] + r["candidates"]], None
     items, references = [], 0
-    for name in mmeb.find_eval_datasets(toy["eval"])[0]:
-        rows, _ = data.read_eval_dataset(os.path.join(toy["eval"], name), toy["images"])
+    for name in find_eval_datasets(toy["eval"])[0]:
+        rows, _ = read_eval_dataset(os.path.join(toy["eval"], name), toy["images"])
         distinct = {(s["text"] or "", s["image"]): s for r in rows for s in [r["query"]] + r["candidates"]}
         items += list(distinct.values())
         references += sum(1 + len(r["candidates"]) for r in rows)  # a query and its candidates, each row
@@ -234,7 +252,7 @@ def padding_batches(toy_dataset, num_negatives, max_pixels, seed):
     (when toy_dataset is given), then 100 of the mix. -> {"toy": batches, "mix": batches}"""
     batches = {}
     if toy_dataset:
-        sampler = iter(batching.ShardedBatchSampler(len(toy_dataset), 32, seed=seed))
+        sampler = iter(data.ShardedBatchSampler(len(toy_dataset), 32, seed=seed))
         batches["toy"] = [side_lengths([toy_dataset[i] for i in next(sampler)], lambda f: len(f["input_ids"]))
                           for _ in range(10)]
     mix = mix_rows(random.Random(seed), 100 * 32, num_negatives, max_pixels)
@@ -248,7 +266,7 @@ def padding_batches(toy_dataset, num_negatives, max_pixels, seed):
 
 def equal_chunks(lengths, max_items, sort=True):
     """The simple rule: ceil(n / max_items) chunks of near-equal size (one chunk with max_items None), of the
-    items sorted longest first, or in the batch's own order. -> list of index lists, as batching.split_by_length"""
+    items sorted longest first, or in the batch's own order. -> list of index lists, as data.split_by_length"""
     n = len(lengths)
     order = sorted(range(n), key=lambda i: -lengths[i]) if sort else list(range(n))
     count = -(-n // max_items) if max_items else 1
@@ -257,13 +275,13 @@ def equal_chunks(lengths, max_items, sort=True):
 
 
 CUTS = {"batch order": functools.partial(equal_chunks, sort=False), "sorted, equal chunks": equal_chunks,
-        "least padding": batching.split_by_length}  # name -> cut(lengths, max_items)
+        "least padding": data.split_by_length}  # name -> cut(lengths, max_items)
 
 
-def collate(preprocessor, items, max_items, cut=batching.split_by_length):
-    """batching.collate_train's batch of these items under `cut` (CPU tensors, as train.py's DataLoader gives
+def collate(preprocessor, items, max_items, cut=data.split_by_length):
+    """data.collate_train's batch of these items under `cut` (CPU tensors, as train.py's DataLoader gives
     them): the same collation as training, only the cut differs."""
-    return batching.collate_train(preprocessor, max_items, cut)(items)
+    return data.collate_train(preprocessor, max_items, cut)(items)
 
 
 # -----------------------------------------------------------------------------
@@ -294,11 +312,11 @@ def mmE5_download(folder, num_rows, num_negatives, seed, images_per_subset=1000)
                    "neg_image_path": []}
         for _ in range(count):
             if to_text:  # an image query, text candidates
-                row = [f"{mmeb.IMAGE_MARKER}\nRepresent the given image with the following question: {words(12)}\n",
+                row = [f"{IMAGE_MARKER}\nRepresent the given image with the following question: {words(12)}\n",
                        path(), words(6), "", repr([words(6) for _ in range(num_negatives)]), repr([""] * num_negatives)]
             else:  # a text query, image candidates
                 row = [f"Find me an everyday image that matches the given caption: {words(14)}\n", "",
-                       f"{mmeb.IMAGE_MARKER}\nRepresent the given image.\n", path(), repr([""] * num_negatives),
+                       f"{IMAGE_MARKER}\nRepresent the given image.\n", path(), repr([""] * num_negatives),
                        repr([path() for _ in range(num_negatives)])]
             for key, value in zip(columns, row):
                 columns[key].append(value)
@@ -308,42 +326,89 @@ def mmE5_download(folder, num_rows, num_negatives, seed, images_per_subset=1000)
 
 
 
-def load_and_measure(root, image_dir, num_negatives, seed, check):
-    """In a process of its own (python -m bench.synthetic ROOT IMAGE_DIR K SEED MODE): data.load_train_rows of a
-    download, printing one JSON line with its rows, seconds, packed bytes and the growth of the resident memory to
-    its peak. A process of its own, so the peak is this load's alone."""
+def memory():
+    """(anonymous resident bytes, file-backed resident bytes) of this process (/proc/self/status): the first is
+    what a process holds of its own; the second, pages of mapped files, the page cache shares between processes."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return tuple(int(fields[key].split()[0]) * 1024 for key in ("RssAnon", "RssFile"))
+
+
+def measure_conversion(root, image_dir, table_dir):
+    """In a process of its own (python -m bench.synthetic convert ROOT IMAGE_DIR TABLE_DIR): the conversion of a
+    download into the prepared table, as the first start does it; one JSON line: rows, seconds, the growth of the
+    resident memory to its peak (a process of its own, so the peak is the conversion's alone), the table's bytes."""
     with open("/proc/self/statm") as f:
-        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # resident bytes now
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        rows, reports = data.load_train_rows([root], image_dir, num_negatives, seed=seed, check=check)
+        path = readers.prepared_table([root], image_dir, table_dir)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    print(json.dumps({"rows": len(rows), "subsets": len(reports), "seconds": seconds, "peak_growth": peak - before,
-                      "packed": len(rows.buffer) + rows.offsets.nbytes}))
+    print(json.dumps({"rows": len(data.TrainTable(path)), "seconds": seconds, "peak_growth": peak - before,
+                      "table_bytes": os.path.getsize(path)}))
 
 
-def startup_figures(num_rows, num_negatives, seed, paper=2_030_000):
-    """The bench's start-up row: num_rows rows of mmE5_download read as --check_data=True and as a training start
-    read them (load_and_measure, each in a process of its own), per row, and extrapolated to the paper's rows."""
-    measured = {}
+def measure_start(root, image_dir, table_dir, num_negatives, batch_size, seed):
+    """In a process of its own (python -m bench.synthetic start ...), one of several started at once, as the ranks
+    of a run: what train.py does with the data before its first step, on a table already converted: find and open
+    the table, check the reports, print them, build the sampler and read its first batch's rows (the fill
+    included; images are decoded by the workers, not here). One JSON line: seconds, the private (anonymous)
+    memory it grew by, and the file pages it holds (shared with every other rank)."""
+    private, shared = memory()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        table = data.TrainTable(readers.prepared_table([root], image_dir, table_dir))
+        problems = readers.problems(table.subsets, num_negatives, False)
+        print("\n".join(readers.report_lines(table.subsets, num_negatives)))
+    sampler = data.ShardedBatchSampler(len(table), batch_size, seed=seed)
+    rows = [data.filled(table, i, num_negatives, seed) for i in next(iter(sampler))]
+    seconds = time.perf_counter() - start
+    after_private, after_shared = memory()
+    print(json.dumps({"rows": len(table), "seconds": seconds, "private_growth": after_private - private,
+                      "file_resident": after_shared - shared, "problems": len(problems), "batch_rows": len(rows)}))
+
+
+def run_json(*args):
+    """python -m bench.synthetic ARGS in a process of its own -> the JSON line it printed."""
+    run = subprocess.run([sys.executable, "-m", "bench.synthetic", *map(str, args)], cwd=REPOSITORY, capture_output=True,
+                         text=True)
+    if run.returncode:
+        raise RuntimeError(f"bench.synthetic {args[0]} failed: {run.stderr[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def startup_figures(num_rows, num_negatives, seed, ranks=2, batch_size=256, paper=2_030_000):
+    """The bench's start-up row: num_rows rows of mmE5_download converted into the prepared table (once, as the
+    first start does), then `ranks` training starts at once on it, each in a process of its own; per row and
+    extrapolated to the paper's rows (linearly: an upper bound for the start, which reads the table's description
+    and one batch's rows)."""
     with tempfile.TemporaryDirectory(prefix="pace_startup_") as folder:
-        root = mmE5_download(folder, num_rows, num_negatives, seed)
-        for mode in ("check", "train"):
-            run = subprocess.run([sys.executable, "-m", "bench.synthetic", root, folder, str(num_negatives), str(seed),
-                                  mode], cwd=REPOSITORY, capture_output=True, text=True)
-            if run.returncode:
-                raise RuntimeError(f"bench.synthetic {mode} failed: {run.stderr[-2000:]}")
-            measured[mode] = json.loads(run.stdout.strip().splitlines()[-1])
-    check, train = measured["check"], measured["train"]
-    per_row = {key: train[key] / train["rows"] for key in ("seconds", "peak_growth", "packed")}
-    return {"name": "startup", "rows": train["rows"], "subsets": train["subsets"],
-            "check_data_rows_per_s": check["rows"] / check["seconds"], "training_start_rows_per_s": 1 / per_row["seconds"],
-            "packed_bytes_per_row": per_row["packed"], "peak_growth_bytes_per_row": per_row["peak_growth"],
-            "paper_rows": paper, "paper_check_data_s": paper * check["seconds"] / check["rows"],
-            "paper_training_start_s": paper * per_row["seconds"], "paper_packed_gb": paper * per_row["packed"] / 2**30,
-            "paper_peak_growth_gb": paper * per_row["peak_growth"] / 2**30}
+        images = min(1000, max(10, num_rows // len(SUBSETS)))  # a subset's images: 1,000 from 20,000 rows on
+        root, tables = mmE5_download(folder, num_rows, num_negatives, seed, images), os.path.join(folder, "tables")
+        conversion = run_json("convert", root, folder, tables)
+        processes = [subprocess.Popen([sys.executable, "-m", "bench.synthetic", "start", root, folder, tables,
+                                       *map(str, (num_negatives, batch_size, seed))], cwd=REPOSITORY, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(ranks)]
+        starts = []
+        for process in processes:
+            stdout, stderr = process.communicate()
+            if process.returncode:
+                raise RuntimeError(f"bench.synthetic start failed: {stderr[-2000:]}")
+            starts.append(json.loads(stdout.strip().splitlines()[-1]))
+    rows, scale = conversion["rows"], paper / conversion["rows"]
+    start_s, private = max(s["seconds"] for s in starts), max(s["private_growth"] for s in starts)
+    return {"name": "startup", "rows": rows, "ranks": ranks, "conversion_rows_per_s": rows / conversion["seconds"],
+            "conversion_peak_growth_bytes_per_row": conversion["peak_growth"] / rows,
+            "table_bytes_per_row": conversion["table_bytes"] / rows, "start_s": start_s,
+            "start_private_bytes": private, "start_file_resident_bytes": max(s["file_resident"] for s in starts),
+            "paper_rows": paper, "paper_conversion_s": paper * conversion["seconds"] / rows,
+            "paper_start_s_at_most": start_s * scale, "paper_start_private_mb_at_most": private * scale / 2**20,
+            "paper_table_gb": paper * conversion["table_bytes"] / rows / 2**30}
 
 
 if __name__ == "__main__":
-    load_and_measure(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "check")
+    if sys.argv[1] == "convert":
+        measure_conversion(*sys.argv[2:5])
+    else:
+        measure_start(*sys.argv[2:5], *map(int, sys.argv[5:8]))

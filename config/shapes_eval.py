@@ -14,4 +14,4 @@ geometry_samples = 1000  # the ten datasets' 100 queries each: every query
 dtype = "float32"
 device = "cpu"
 num_workers = 1
-threads = 1  # one torch thread: 2 are ~15 % faster on an idle 2-core machine and 15-70x slower on a busy one (README)
+threads = 1  # one torch thread: 2 are ~15 % faster on an idle 2-core machine and 15-70x slower on a busy one (docs/toy.md)

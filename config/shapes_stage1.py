@@ -20,4 +20,4 @@ activation_checkpointing = False
 num_workers = 1
 checkpoint_interval = 50
 keep_checkpoints = [100]  # Stage II starts here, before Stage I converges (as the paper's step 2,000)
-threads = 1  # one torch thread: 2 are ~15 % faster on an idle 2-core machine and 15-70x slower on a busy one (README)
+threads = 1  # one torch thread: 2 are ~15 % faster on an idle 2-core machine and 15-70x slower on a busy one (docs/toy.md)

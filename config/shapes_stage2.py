@@ -17,7 +17,7 @@ num_workers = 1
 checkpoint_interval = 50
 keep_checkpoints = []
 similarity = "dot"
-temperature = 6.4  # the tiny model's norms are about sqrt(64) = 8: dot / 6.4 matches cos / 0.1 in scale (README)
+temperature = 6.4  # the tiny model's norms are about sqrt(64) = 8: dot / 6.4 matches cos / 0.1 in scale (docs/toy.md)
 lora_rank = 0
 learning_rate = 5e-4  # full fine-tuning of the tiny model; 2e-4 gave 33.8 overall, 5e-4 37.2 (toy evaluation)
-threads = 1  # one torch thread: 2 are ~15 % faster on an idle 2-core machine and 15-70x slower on a busy one (README)
+threads = 1  # one torch thread: 2 are ~15 % faster on an idle 2-core machine and 15-70x slower on a busy one (docs/toy.md)

@@ -3,7 +3,7 @@ The toy benchmark: rendered shapes in the two layouts PACE reads, small enough f
 
     python -m shapes.prepare                                        # writes under data/shapes/
     python -m shapes.prepare --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
-    python -m shapes.prepare --no-pretrain                          # the tiny model random, in seconds
+    python -m shapes.prepare --pretrain=False                       # the tiny model random, in seconds
 
 Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
 same seed. A scene is a 128 x 128 picture of two or three objects, each a colour (6), a shape (5), a
@@ -25,28 +25,30 @@ Written under out_dir (data/shapes/ by default, git-ignored like all of data/):
 - tiny-qwen3.5/: the command line also writes the tiny Qwen3.5 that config/shapes_*.py start from:
   random (tiny_model.make_tiny_checkpoint, its final norm weight spread by tiny_model.FINAL_NORM_STD, so the
   embedding norms vary across items), then pretrained for about two minutes by captioning the training scenes
-  (shapes/pretrain.py; it never sees an UNSEEN pair). --no-pretrain keeps it random (seconds);
-  --no-tiny_checkpoint writes no model.
+  (shapes/pretrain.py; it never sees an UNSEEN pair). --pretrain=False keeps it random (seconds);
+  --tiny_checkpoint=False writes no model.
 
 Queries carry the paper's task instructions (Table 5, mmeb.PAPER_INSTRUCTIONS); grounding, absent from Table 5,
 uses MMEB's.
 
-    from data import load_train_rows, read_eval_dataset
-    rows, reports = load_train_rows("data/shapes/train.jsonl", "data/shapes/images", num_hard_negatives=5)
+    python train.py config/shapes_stage1.py --check_data=True       # the training rows as train.py reads them
+    from readers.evaluation import read_eval_dataset
     cls, report = read_eval_dataset("data/shapes/eval/Shapes-CLS", "data/shapes/images")
 """
 
-import argparse
 import json
 import os
 import random
 import shutil
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
-from mmeb import IMAGE_CANDIDATE, IMAGE_MARKER, PAPER_INSTRUCTIONS
+import configurator
+from common import IMAGE_MARKER
+from readers.mmeb import IMAGE_CANDIDATE, PAPER_INSTRUCTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 DATA_DIR = os.path.join(ROOT, "data", "shapes")  # where the toy is written (data/ is git-ignored: the user's data)
@@ -299,39 +301,40 @@ def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, im
     return {"train": os.path.join(out_dir, "train.jsonl"), "eval": eval_dir, "images": image_dir}
 
 
+# -----------------------------------------------------------------------------
+# the command line (every default can be overridden by --key=value)
+out_dir = DATA_DIR  # where the toy is written (default data/shapes)
+seed = 0  # seeds every picture and row
+num_train = 2000  # training rows, over the five task formats
+num_eval = 100  # queries per evaluation dataset
+num_candidates = 10  # candidates per evaluation query
+image_size = 128  # pixels; 128 = a 2 x 2 grid of 64-pixel cells
+tiny_checkpoint = True  # also write out_dir/tiny-qwen3.5, the model config/shapes_*.py start from
+final_norm_std = -1.0  # spread of the tiny model's final norm weight (-1: tiny_model.FINAL_NORM_STD)
+pretrain = True  # pretrain the tiny model on the training scenes (shapes/pretrain.py, about 2 minutes); False: random
+pretrain_steps = 0  # pretraining steps (0: pretrain.EPOCHS epochs)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--out_dir", default=DATA_DIR, help="default: data/shapes")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num_train", type=int, default=2000, help="training rows, over the five task formats")
-    parser.add_argument("--num_eval", type=int, default=100, help="queries per evaluation dataset")
-    parser.add_argument("--num_candidates", type=int, default=10, help="candidates per evaluation query")
-    parser.add_argument("--image_size", type=int, default=128, help="pixels; 128 = a 2 x 2 grid of 64-pixel cells")
-    parser.add_argument("--tiny_checkpoint", action=argparse.BooleanOptionalAction, default=True,
-                        help="also write out_dir/tiny-qwen3.5, the model config/shapes_*.py start from")
-    parser.add_argument("--final_norm_std", type=float, default=None,
-                        help="spread of the tiny model's final norm weight (default: tiny_model.FINAL_NORM_STD)")
-    parser.add_argument("--pretrain", action=argparse.BooleanOptionalAction, default=True,
-                        help="pretrain the tiny model on the training scenes (shapes/pretrain.py, about 2 minutes); "
-                             "--no-pretrain keeps it random")
-    parser.add_argument("--pretrain_steps", type=int, default=None, help="default: pretrain.EPOCHS epochs")
-    args = parser.parse_args(argv)
-    paths = prepare(args.out_dir, args.seed, args.num_train, args.num_eval, args.num_candidates, args.image_size)
+    """Write the toy (and its tiny model) as the config says. -> prepare()'s paths"""
+    configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
+    paths = prepare(out_dir, seed, num_train, num_eval, num_candidates, image_size)
     print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets) and {paths['images']}/")
-    if args.tiny_checkpoint:
-        from shapes import pretrain
+    if tiny_checkpoint:
+        from shapes import pretrain as pretraining
         from shapes.tiny_model import FINAL_NORM_STD, make_tiny_checkpoint
-        spread = FINAL_NORM_STD if args.final_norm_std is None else args.final_norm_std
-        stale = os.path.join(args.out_dir, "tiny-qwen3.5", pretrain.RECORD)  # an earlier pretraining's record
+        spread = FINAL_NORM_STD if final_norm_std < 0 else final_norm_std
+        stale = os.path.join(out_dir, "tiny-qwen3.5", pretraining.RECORD)  # an earlier pretraining's record
         if os.path.exists(stale):
             os.remove(stale)
-        folder = make_tiny_checkpoint(os.path.join(args.out_dir, "tiny-qwen3.5"), seed=args.seed, final_norm_std=spread)
+        folder = make_tiny_checkpoint(os.path.join(out_dir, "tiny-qwen3.5"), seed=seed, final_norm_std=spread)
         print(f"wrote {folder} (random, final norm weight std {spread:g})")
-        if args.pretrain:
-            pretrain.pretrain(folder, paths["train"], paths["images"], steps=args.pretrain_steps, seed=args.seed)
+        if pretrain:
+            pretraining.pretrain(folder, paths["train"], paths["images"], steps=pretrain_steps or None, seed=seed)
     return paths
 
 
 if __name__ == "__main__":
+    from common import install_error_hook
+    install_error_hook()
     main()

@@ -31,18 +31,18 @@ same task: the gap says the model reads the pictures, not only the words. The fo
 (config.json, model.safetensors, tokenizer, preprocessor configs; written aside, then moved in), plus
 pretraining.json: the recipe, the loss of every step, the held-out losses and the time.
 """
-import argparse
 import json
 import math
 import os
 import shutil
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from common import UserError, compute_init, duration, torch_threads, write_json
-from mmeb import IMAGE_MARKER
+import configurator
+from common import IMAGE_MARKER, UserError, compute_init, duration, torch_threads, write_json
 from shapes.prepare import DATA_DIR, GROUNDING, IMAGE_TO_TEXT, TEXT_TO_IMAGE, UNSEEN
 
 EPOCHS = 5  # the default length: 5 passes over the examples, 297 steps on the toy's 1,900 (about 100 s on one core)
@@ -306,26 +306,28 @@ def norm_spread(checkpoint, eval_dir, image_dir, threads=1):
             "cv": (norms.std() / norms.mean()).item()}
 
 
+# -----------------------------------------------------------------------------
+# the command line (every default can be overridden by --key=value)
+checkpoint = os.path.join(DATA_DIR, "tiny-qwen3.5")  # pretrained in place
+train_jsonl = os.path.join(DATA_DIR, "train.jsonl")  # the toy's training rows, whose scenes are captioned
+image_dir = os.path.join(DATA_DIR, "images")  # where their images are
+steps = 0  # pretraining steps (0: EPOCHS epochs)
+batch_size = BATCH_SIZE  # captions a step
+lr = LEARNING_RATE  # peak learning rate
+seed = 0  # seeds the order of the captions
+norms_of = ""  # only print the spread of this checkpoint's embedding norms over eval_dir's items
+eval_dir = os.path.join(DATA_DIR, "eval")  # the toy's evaluation datasets
+
+
 def main(argv=None):
-    data = DATA_DIR
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--checkpoint", default=os.path.join(data, "tiny-qwen3.5"), help="pretrained in place")
-    parser.add_argument("--train_jsonl", default=os.path.join(data, "train.jsonl"))
-    parser.add_argument("--image_dir", default=os.path.join(data, "images"))
-    parser.add_argument("--steps", type=int, default=None, help=f"default: {EPOCHS} epochs")
-    parser.add_argument("--batch_size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--lr", type=float, default=LEARNING_RATE)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--norms_of", default="", help="only print the spread of this checkpoint's embedding norms "
-                                                       "over --eval_dir's items")
-    parser.add_argument("--eval_dir", default=os.path.join(data, "eval"))
-    args = parser.parse_args(argv)
-    if args.norms_of:
-        spread = norm_spread(args.norms_of, args.eval_dir, args.image_dir)
-        print(f"{args.norms_of}: {spread['items']:,} evaluation items, norm mean {spread['mean']:.4f}, "
+    """Pretrain checkpoint in place, or with norms_of print its norms' spread. -> the summary or the spread"""
+    configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
+    if norms_of:
+        spread = norm_spread(norms_of, eval_dir, image_dir)
+        print(f"{norms_of}: {spread['items']:,} evaluation items, norm mean {spread['mean']:.4f}, "
               f"std {spread['std']:.4f}, cv {spread['cv']:.4f}")
         return spread
-    return pretrain(args.checkpoint, args.train_jsonl, args.image_dir, args.steps, args.batch_size, args.lr, args.seed)
+    return pretrain(checkpoint, train_jsonl, image_dir, steps or None, batch_size, lr, seed)
 
 
 if __name__ == "__main__":

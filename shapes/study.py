@@ -35,7 +35,8 @@ of one two-thread job; and a two-thread job on a busy machine is 15-70x slower, 
 
 Written under --out_dir (default out/study):
     seed<S>/stage1_<recipe>/, seed<S>/stage2_<method>/   train.py's out_dirs (checkpoints, log.jsonl, export/)
-    seed<S>/eval/<method>.json                           eval.py's results, with <method>_geometry.png beside
+    seed<S>/eval/<method>.json                           eval.py's results; <method>_geometry.json and .png
+                                                         beside it, tools/geometry.py's, drawn from them
     seed<S>/*.log, seed<S>/eval/*.log                    each job's output
     results.md, results.json                             P@1 overall / IND / OOD, Pearson r of log norm product vs
                                                          cosine, mean random-pair cosine: mean +- std over seeds
@@ -43,18 +44,18 @@ Written under --out_dir (default out/study):
                                                          (the first seed), one row each
     study.json                                           the scale, so a resumed study cannot mix two scales
 """
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import types
 
-from PIL import Image
+from PIL import Image, ImageDraw
 
-import plot
-from common import UserError, duration, install_error_hook, write_json, write_text
+import configurator
+from common import UserError, duration, install_error_hook, replaced_atomically, write_json, write_text
 from configurator import file_values
 from shapes.prepare import DATA_DIR, ROOT  # the toy's folder, the repository
 
@@ -92,29 +93,27 @@ METRICS = (("overall", "P@1 overall", 1), ("IND", "IND", 1), ("OOD", "OOD", 1),
 STARTUP_COST, EVAL_COST = 10, 25  # a process's start and an evaluation take about as long as this many steps
 
 
+# -----------------------------------------------------------------------------
+# the command line (every default can be overridden by --key=value)
+seeds = [1337, 1338, 1339]  # train.py seeds (--seeds=1337,1338 also works)
+methods = list(METHODS)  # which methods (--methods=pace,vlm2vec also works)
+out_dir = os.path.join(ROOT, "out", "study")  # where the runs, the evaluations, the table and the figure go
+data_dir = DATA_DIR  # the toy data and tiny model (shapes/prepare.py writes them there when missing)
+batch_size = 32  # queries a step
+start_step = 100  # Stage II starts from this step of Stage I (the main job's: shapes_stage2.py's init_from)
+stage2_steps = 100  # Stage II's steps; every method trains start_step + stage2_steps in all
+parallel = 2  # jobs at a time, one torch thread each
+
+
 def parse_args(argv=None):
-    """The command line (argv: a list, default sys.argv) -> its arguments, the folders made absolute."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    numbers = lambda text: [int(s) for s in text.split(",")]  # noqa: E731
-    parser.add_argument("--seeds", type=numbers, default=[1337, 1338, 1339], help="train.py seeds, comma-separated")
-    parser.add_argument("--methods", type=lambda text: text.split(","), default=list(METHODS),
-                        help=f"comma-separated, of {', '.join(METHODS)}")
-    parser.add_argument("--out_dir", default=os.path.join(ROOT, "out", "study"))
-    parser.add_argument("--data_dir", default=DATA_DIR,
-                        help="the toy data and tiny model (shapes/prepare.py writes them there when missing)")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--start_step", type=int, default=100, help="Stage II starts from this step of Stage I (the "
-                                                                    "main job's: shapes_stage2.py's init_from)")
-    parser.add_argument("--stage2_steps", type=int, default=100, help="Stage II's steps; every method trains "
-                                                                      "start_step + stage2_steps in all")
-    parser.add_argument("--parallel", type=int, default=2, help="jobs at a time, one torch thread each")
-    args = parser.parse_args(argv)
-    unknown = sorted(set(args.methods) - set(METHODS))
+    """The command line (argv: a list, default sys.argv) -> its settings, the folders made absolute."""
+    config = configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
+    config["methods"] = [m for entry in config["methods"] for m in str(entry).split(",") if m]
+    unknown = sorted(set(config["methods"]) - set(METHODS))
     if unknown:
-        parser.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
-    args.out_dir, args.data_dir = os.path.abspath(args.out_dir), os.path.abspath(args.data_dir)
-    return args
+        raise UserError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    config["out_dir"], config["data_dir"] = os.path.abspath(config["out_dir"]), os.path.abspath(config["data_dir"])
+    return types.SimpleNamespace(**config)
 
 
 # -----------------------------------------------------------------------------
@@ -202,13 +201,23 @@ def run_jobs(jobs, parallel):
 # -----------------------------------------------------------------------------
 # the table and the figure
 
-def metrics(result):
-    """eval.py's JSON -> the table's numbers; None where it has none (r when every norm is the same)."""
-    geometry = result.get("geometry") or {}
+def metrics(result, geometry):
+    """eval.py's JSON and tools/geometry.py's -> the table's numbers; None where it has none (r when every norm is
+    the same)."""
     r2 = geometry.get("norm_from_direction_r2") or {}
     return {"overall": result["overall"], "IND": result["IND"], "OOD": result["OOD"],
             "norm_cos_pearson_r": geometry.get("norm_cos_pearson_r"), "r2_2": r2.get("2"), "r2_10": r2.get("10"),
             "random_pair_mean_cos": geometry.get("random_pair_mean_cos")}
+
+
+def geometry_of(path):
+    """tools/geometry.py's numbers of an eval.py JSON (<stem>_geometry.json), computed and drawn when missing."""
+    written = os.path.splitext(path)[0] + "_geometry.json"
+    if not os.path.isfile(written):
+        from tools import geometry
+        geometry.main([path])
+    with open(written) as f:
+        return json.load(f)
 
 
 def mean_std(values):
@@ -225,9 +234,10 @@ def summarise(out_dir, seeds, methods):
     for method in methods:
         found = {}
         for seed in seeds:
-            if os.path.isfile(eval_path(out_dir, seed, method)):
-                with open(eval_path(out_dir, seed, method)) as f:
-                    found[seed] = metrics(json.load(f))
+            path = eval_path(out_dir, seed, method)
+            if os.path.isfile(path):
+                with open(path) as f:
+                    found[seed] = metrics(json.load(f), geometry_of(path))
         table[method] = {"label": METHODS[method][0], "seeds": list(found),
                          **{key: mean_std([m[key] for m in found.values()]) for key, _, _ in METRICS}}
     return table
@@ -252,21 +262,30 @@ def markdown(table, scale):
                      + f" | {len(row['seeds'])} |")
     lines += ["", "r: Pearson r of the standardised log(|q| |c+|) against cos(q, c+) over matched pairs; R²: the "
               "cross-validated fit of the standardised log norm on the first k principal components of the directions "
-              "(diagnostics.py); '–' where every embedding has the same norm. Random-pair cos: the mean cosine of "
+              "(tools/geometry.py); '–' where every embedding has the same norm. Random-pair cos: the mean cosine of "
               "random query-candidate pairs."]
     return "\n".join(lines) + "\n"
 
 
 def figure(out_dir, seed, methods):
-    """geometry.png: eval.py's geometry pictures of FIGURE's methods for one seed, one row each; -> its path or None"""
-    rows = []
-    for method in (m for m in FIGURE if m in methods and os.path.isfile(eval_path(out_dir, seed, m))):
-        with open(eval_path(out_dir, seed, method)) as f:
-            rows.append((METHODS[method][0], Image.open(json.load(f)["geometry"]["png"])))
+    """geometry.png: the geometry pictures (tools/geometry.py's) of FIGURE's methods for one seed, one row each,
+    each under its label; -> its path or None"""
+    rows = [(METHODS[m][0], Image.open(os.path.splitext(eval_path(out_dir, seed, m))[0] + "_geometry.png").convert("RGB"))
+            for m in FIGURE if m in methods and os.path.isfile(os.path.splitext(eval_path(out_dir, seed, m))[0]
+                                                                + "_geometry.png")]
     if not rows:
         return None
-    return plot.save(plot.grid([image for _, image in rows], columns=1, titles=[label for label, _ in rows],
-                               title=f"toy evaluation geometry, seed {seed}"), os.path.join(out_dir, "geometry.png"))
+    band, width = 28, max(picture.width for _, picture in rows)
+    sheet = Image.new("RGB", (width, sum(band + picture.height for _, picture in rows)), "white")
+    top = 0
+    for label, picture in rows:
+        ImageDraw.Draw(sheet).text((10, top + 8), f"{label}, seed {seed}", fill="black")
+        sheet.paste(picture, (0, top + band))
+        top += band + picture.height
+    path = os.path.join(out_dir, "geometry.png")
+    with replaced_atomically(path) as tmp:
+        sheet.save(tmp, format="PNG")
+    return path
 
 
 # -----------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Shared pytest fixtures: one tiny random Qwen3.5 checkpoint per pytest run (shapes/tiny_model.py), the toy
-benchmark the training tests run on, and its straight 4-step run, which resumed and interrupted runs must equal."""
+benchmark the training tests run on, and its straight 4-step runs, which resumed and interrupted runs must equal.
+Tests marked slow (pytest.ini) run train.py, torchrun or a whole script; `python -m pytest -q -m "not slow"` is the
+quick lane."""
 import json
 import os
 
@@ -26,7 +28,7 @@ def tiny_embedder(tiny_checkpoint):
 def toy(tmp_path_factory, tiny_checkpoint):
     """The toy benchmark with the query images of the first two global batches' rows 0 and 3 broken (a truncated
     PNG, an empty file): with skip_bad_rows the runs below pass over them, the same way on every run."""
-    from batching import ShardedBatchSampler
+    from data import ShardedBatchSampler
     from shapes.prepare import prepare
     out = str(tmp_path_factory.mktemp("shapes"))
     paths = prepare(out, seed=0, num_train=120, num_eval=12)
@@ -45,5 +47,15 @@ def toy(tmp_path_factory, tiny_checkpoint):
 
 @pytest.fixture(scope="session")
 def straight(toy, tmp_path_factory):
+    """Four steps of the toy's Stage I in one process, a checkpoint every two: what resumed, interrupted, sharded and
+    GradCache runs must equal. -> (its out_dir, its log records)"""
     out = str(tmp_path_factory.mktemp("straight"))
     return out, run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2")
+
+
+@pytest.fixture(scope="session")
+def straight_random(toy, tmp_path_factory):
+    """The same run with Figure 6(b)'s random weighting, which draws from torch's RNG every step: what a resumed
+    run must equal to show the RNG restored."""
+    out = str(tmp_path_factory.mktemp("straight_random"))
+    return out, run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2", "--weighting='random'")

@@ -16,7 +16,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from loss import pace_loss
+import loss
+from loss import pace_loss, statistics
 
 QUERIES_PER_RANK = 3
 HARD_NEGATIVES = 2  # per query
@@ -49,8 +50,7 @@ def judge_args(soft_labels, scores):
     """pace_loss's keyword arguments of a case's soft labels; scores: this rank's (Q, 1 + K) or None."""
     if soft_labels == "none":
         return {}
-    return {"soft_labels": soft_labels, "judge_scores": scores, "judge_temperature": JUDGE_TEMPERATURE,
-            "alignment_weight": ALIGNMENT_WEIGHT}
+    return {"judge_scores": scores, "judge_temperature": JUDGE_TEMPERATURE, "alignment_weight": ALIGNMENT_WEIGHT}
 
 
 def make_global_batch(world, seed=0):
@@ -86,17 +86,42 @@ def main(out_dir):
         extra = judge_args(soft_labels, scores[rank])
         if extra:
             extra["own_candidates"] = own_candidates()
-        loss, stats = pace_loss(q, c, targets, similarity=similarity, temperature=temperature,
-                                focal_gamma=focal_gamma, focal_temperature=0.1, weighting=weighting, **extra)
-        loss.backward()
+        terms = pace_loss(q, c, targets, similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,
+                          focal_temperature=0.1, weighting=weighting, **extra)
+        terms.loss.backward()
+        stats = statistics(terms)
         grads = {}
         for name, p in encoder.named_parameters():  # emulate FSDP/DDP: average over ranks
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             grads[name] = p.grad / world
         results["cases"][(similarity, temperature, focal_gamma, weighting, soft_labels)] = {
-            "loss": loss.item(), "stats": stats, "grads": grads}
+            "loss": terms.loss.item(), "stats": stats, "grads": grads}
 
-    # ranks with different candidate counts: every rank must raise, none may hang
+    # the hot path: a gather of a shape already checked gathers no shapes, and a step's loss costs one all-reduce
+    # (the normaliser of eqs. (6)-(7)), its statistics one more, on log steps only
+    calls = {"all_reduce": 0, "all_gather": 0}
+    originals = {name: getattr(dist, name) for name in calls}
+
+    def counted(name):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    for name in calls:
+        setattr(dist, name, counted(name))
+    try:
+        terms = pace_loss(encoder(query_inputs[rank]), encoder(candidate_inputs[rank]), targets)
+        results["hot_path"] = dict(calls)
+        statistics(terms)
+        results["with_statistics"] = dict(calls)
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+    results["checked_shapes"] = sorted(loss.CHECKED_SHAPES)
+
+    # ranks with different candidate counts, at their first gather: every rank must raise, none may hang
+    loss.CHECKED_SHAPES.clear()
     c = encoder(candidate_inputs[rank])[: candidate_inputs.shape[1] - rank]
     try:
         pace_loss(encoder(query_inputs[rank]), c, targets)

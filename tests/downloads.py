@@ -11,6 +11,7 @@ marked so below, and the reader is tested on both answers where they differ (the
     roots = mme5(tmp_path)                # tmp/data/mmE5/{mmE5-MMEB-hardneg,mmE5-synthetic}, tmp/data/mmE5/images/
     root = mmeb_v2(tmp_path)              # tmp/data/MMEB-V2/{annotations,image-tasks}
 """
+import json
 import os
 import zlib
 
@@ -18,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from mmeb import IMAGE_MARKER, MMEB_TABLE, TRAIN_SUBSETS, canonical_name
+from common import IMAGE_MARKER
+from readers.mmeb import MMEB_TABLE, TRAIN_SUBSETS, canonical_name
 
 M = IMAGE_MARKER
 EVAL_NAMES = sorted(list(MMEB_TABLE) + ["CIFAR-100"])  # the 37 folders of MMEB-eval's main branch
@@ -268,3 +270,17 @@ def mmeb_v2(base):
             if path:
                 picture(os.path.join(images, path))
     return annotations, images
+
+
+def plain_rows(root, rows=260):
+    """Your own data as docs/data.md describes it: data/mine/rows.jsonl in the plain layout (query, query_image,
+    positive, positive_image, negatives, negative_images), its images under data/mine/. -> the file"""
+    folder = os.path.join(root, "data", "mine")
+    os.makedirs(os.path.join(folder, "photos"), exist_ok=True)
+    picture(os.path.join(folder, "photos", "0.jpg"))
+    path = os.path.join(folder, "rows.jsonl")
+    with open(path, "w") as f:
+        for i in range(rows):
+            f.write(json.dumps({"query": f"a question {i}", "query_image": "photos/0.jpg" if i % 2 else "",
+                                "positive": f"its answer {i}", "negatives": [f"another answer {i}"]}) + "\n")
+    return path

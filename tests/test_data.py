@@ -1,8 +1,8 @@
 """
-Tests of data.py, batching.py and shapes/prepare.py: the negatives encodings, the <|image_1|> marker, the
-fill/cut rule, the sharded and resumable sampler (through DataLoader worker processes), length-sorted
-batches and their targets, every bad-input case, and the toy benchmark read by both readers. The real
-downloads' layouts are tests/test_downloads.py's.
+Tests of data.py, readers/ and shapes/prepare.py: the negatives encodings, the <|image_1|> marker, the fill/cut
+rule, the prepared table (converted once, by one writer, memory-mapped, its cache key), the sharded and resumable
+sampler (through DataLoader worker processes), length-sorted batches and their targets, every bad-input case, and
+the toy benchmark read by both readers. The real downloads' layouts are tests/test_downloads.py's.
 
     python -m pytest -q tests/test_data.py
 """
@@ -10,10 +10,11 @@ downloads' layouts are tests/test_downloads.py's.
 import itertools
 import json
 import math
+import os
 import random
 import re
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,11 +23,12 @@ import pytest
 import torch
 from PIL import Image
 
-from batching import ShardedBatchSampler, TrainDataset, collate_train, split_by_length
 from common import UserError
-from data import load_train_rows, read_eval_dataset
-from mmeb import MMEB_DATASETS, find_eval_datasets
+from data import ShardedBatchSampler, collate_train, split_by_length
+from readers.evaluation import find_eval_datasets, read_eval_dataset
+from readers.mmeb import MMEB_DATASETS
 from shapes import prepare as prepare_module
+from tests.rows import read_rows, train_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES_SIZES = dict(num_train=50, num_eval=10)  # the smallest prepare() allows
@@ -86,7 +88,7 @@ def test_negative_encodings(tmp_path):
     pq.write_table(pa.Table.from_pylist(as_strings), parquet)
     image = str(tmp_path / "n.png")
     for path in (jsonl, parquet):
-        rows, _ = load_train_rows(path, str(tmp_path), num_hard_negatives=2, seed=0)
+        rows, _ = read_rows(tmp_path, path, str(tmp_path), num_hard_negatives=2, seed=0)
         assert [r["candidates"][1:] for r in (rows[0], rows[1], rows[2])] == [
             [{"text": "a", "image": image}, {"text": "b", "image": None}],
             [{"text": "c", "image": image}, {"text": "d", "image": None}],
@@ -103,9 +105,9 @@ def test_fill_and_cut(tmp_path):
         r["pos_text"] = "shared label"  # like a class label: must never come back as a negative
     main = write_jsonl(tmp_path / "main.jsonl", records)
     other = write_jsonl(tmp_path / "other.jsonl", [record(i, pos_text=f"other {i}") for i in range(5)])
-    rows, reports = load_train_rows([main, {"path": other, "max_rows": 3}], str(tmp_path), num_hard_negatives=5, seed=0)
+    rows, reports = read_rows(tmp_path, [main, {"path": other, "max_rows": 3}], str(tmp_path), num_hard_negatives=5, seed=0)
     assert len(rows) == 30 + 3  # max_rows caps the second file
-    assert (reports[0].filled, reports[0].cut, reports[0].negative_range()) == (18, 9, (0, 3, 8))
+    assert reports[0].filled_and_cut(5) == (18, 9) and reports[0].negative_range() == (0, 3, 8)
     for i, n in enumerate(counts):
         candidates = texts(rows[i]["candidates"])
         own = [f"negative {i}.{k}" for k in range(n)]
@@ -115,25 +117,25 @@ def test_fill_and_cut(tmp_path):
         assert candidates[0] not in filled and (i >= 10 or "shared label" not in filled)
         assert not any(t.startswith("other") for t in filled)  # from the same subset only
         assert all(not t.startswith(f"negative {i}.") for t in filled)
-    again, _ = load_train_rows([main, {"path": other, "max_rows": 3}], str(tmp_path), num_hard_negatives=5, seed=0)
-    reseeded, _ = load_train_rows([main, {"path": other, "max_rows": 3}], str(tmp_path), num_hard_negatives=5, seed=1)
+    again, _ = read_rows(tmp_path, [main, {"path": other, "max_rows": 3}], str(tmp_path), num_hard_negatives=5, seed=0)
+    reseeded, _ = read_rows(tmp_path, [main, {"path": other, "max_rows": 3}], str(tmp_path), num_hard_negatives=5, seed=1)
     assert [r["candidates"] for r in again] == [r["candidates"] for r in rows]  # deterministic
     assert [r["candidates"] for r in reseeded] != [r["candidates"] for r in rows]
 
     lonely = write_jsonl(tmp_path / "lonely.jsonl", [record(0, neg_text=[])])
     with pytest.raises(UserError, match="cannot fill"):
-        load_train_rows(lonely, str(tmp_path), num_hard_negatives=2)
+        read_rows(tmp_path, lonely, str(tmp_path), num_hard_negatives=2)
     with pytest.raises(UserError, match=r"train_data entry \('x', 3\): expected a path, or a dict"):
-        load_train_rows([("x", 3)], str(tmp_path))
+        read_rows(tmp_path, [("x", 3)], str(tmp_path))
 
 
 def test_image_marker_never_reaches_the_tokens(tmp_path, preprocessor):
     save_image(tmp_path / "q.png", size=(64, 64))
-    rows, _ = load_train_rows(write_jsonl(tmp_path / "t.jsonl", [
+    write_jsonl(tmp_path / "t.jsonl", [
         record(0, qry="<|image_1|>\nWhat colour is it?", qry_image_path="q.png",
                pos_text="<|image_1|> red", neg_text=["<|image_1|>\nRepresent the given image."],
-               neg_image_path=["q.png"])]), str(tmp_path), num_hard_negatives=1)
-    item = TrainDataset(rows, preprocessor)[0]
+               neg_image_path=["q.png"])])
+    item = train_dataset(tmp_path, preprocessor, str(tmp_path / "t.jsonl"), str(tmp_path), 1)[0]
     decode = preprocessor.tokenizer.decode
     query, positive, negative = item["query"], *item["candidates"]
     for feature in (query, positive, negative):
@@ -152,7 +154,7 @@ def test_images_become_rgb_within_the_pixel_budget(tmp_path, tiny_checkpoint):
     for k, mode in enumerate(["RGBA", "L", "P", "CMYK"]):
         save_image(tmp_path / f"{k}.{'jpg' if mode == 'CMYK' else 'png'}", size=(300, 200), mode=mode)
     records = [record(k, qry_image_path=f"{k}.{'jpg' if k == 3 else 'png'}") for k in range(4)]
-    dataset = TrainDataset(load_train_rows(write_jsonl(tmp_path / "t.jsonl", records), str(tmp_path), 1)[0], preprocessor)
+    dataset = train_dataset(tmp_path, preprocessor, write_jsonl(tmp_path / "t.jsonl", records), str(tmp_path), 1)
     for k in range(4):
         query = dataset[k]["query"]
         _, grid_h, grid_w = query["image_grid_thw"][0].tolist()  # in 16-pixel patches
@@ -292,10 +294,10 @@ def unpadded(chunks):
             for chunk in chunks for r in range(len(chunk["input_ids"]))]
 
 
-def test_collated_batches_put_each_positive_at_its_target(shapes, preprocessor):
+def test_collated_batches_put_each_positive_at_its_target(shapes, preprocessor, tmp_path):
     num_negatives, max_items = 3, 3
-    rows, _ = load_train_rows(shapes["train"], shapes["images"], num_negatives, seed=0)
-    dataset = TrainDataset(rows, preprocessor)
+    rows, _ = read_rows(tmp_path, shapes["train"], shapes["images"], num_negatives, seed=0)
+    dataset = train_dataset(tmp_path, preprocessor, shapes["train"], shapes["images"], num_negatives, seed=0)
     sampler = ShardedBatchSampler(len(dataset), batch_size=8, rank=0, world_size=2, seed=0)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
                                          collate_fn=collate_train(preprocessor, max_items=max_items))
@@ -352,17 +354,18 @@ def test_bad_training_rows_raise_naming_file_row_and_field(tmp_path, case):
     fields, field = BAD_ROWS[case]
     path = bad_train_file(tmp_path, fields)
     with pytest.raises(UserError) as error:
-        load_train_rows(path, str(tmp_path), num_hard_negatives=2)
+        read_rows(tmp_path, path, str(tmp_path), num_hard_negatives=2)
     assert path in str(error.value) and "line 3" in str(error.value) and repr(field) in str(error.value)
 
 
 @pytest.mark.parametrize("case", list(BAD_ROWS))
-def test_bad_training_rows_are_skipped_and_counted(tmp_path, case, capsys):
+def test_bad_training_rows_are_skipped_and_counted(tmp_path, case):
     path = bad_train_file(tmp_path, BAD_ROWS[case][0])
-    rows, reports = load_train_rows(path, str(tmp_path), num_hard_negatives=2, skip_bad_rows=True)
+    rows, reports = read_rows(tmp_path, path, str(tmp_path), num_hard_negatives=2, skip_bad_rows=True)
     assert len(rows) == 5 and skipped(reports) == 1
     assert "query 2" not in [r["query"]["text"] for r in rows]
-    assert re.search(rf"bad rows: 1 \S.*, e\.g\. {re.escape(path)} line 3 field '{BAD_ROWS[case][1]}'", capsys.readouterr().out)
+    report = "\n".join(reports[0].lines())  # what train.py and --check_data=True print of the subset
+    assert re.search(rf"bad rows: 1 \S.*, e\.g\. {re.escape(path)} line 3 field '{BAD_ROWS[case][1]}'", report)
 
 
 def undecodable_images(tmp_path):
@@ -385,15 +388,14 @@ def test_undecodable_images_name_file_row_and_field_or_are_skipped_the_same_way_
     for k, name in enumerate(bad):  # rows 1, 3, 5, 7, 9: a bad image each, in a different field
         records[2 * k + 1].update([("qry_image_path", name)] if k % 2 else [("pos_image_path", name)])
     path = write_jsonl(tmp_path / "t.jsonl", records)
-    rows, _ = load_train_rows(path, str(tmp_path), num_hard_negatives=1)
-    strict = TrainDataset(rows, preprocessor)
+    strict = train_dataset(tmp_path, preprocessor, path, str(tmp_path), num_hard_negatives=1)
     # thin.png's 4,000 pixels are over the limit set here, not twice over it: Pillow warns, then reads it
     with pytest.warns(Image.DecompressionBombWarning, match="4000 pixels"):
         for k, name in enumerate(bad):
             field = "qry_image_path" if k % 2 else "pos_image_path"
             with pytest.raises(UserError, match=rf"t\.jsonl line {2 * k + 2} field '{field}': (cannot read )?image '[^']*{name}'"):
                 strict[2 * k + 1]
-        skipping = TrainDataset(rows, preprocessor, skip_bad_rows=True)
+        skipping = train_dataset(tmp_path, preprocessor, path, str(tmp_path), num_hard_negatives=1, skip_bad_rows=True)
         for k in range(len(bad)):
             item = skipping[2 * k + 1]  # the next row, which decodes; after the last row comes the first
             assert item["row"] == (2 * k + 2) % 10 and len(item["skipped"]) == 1 and bad[k] in item["skipped"][0]
@@ -411,12 +413,12 @@ def test_lines_that_are_not_utf8_or_nest_too_deep_are_bad_rows(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     with pytest.raises(UserError, match=r"t\.jsonl line 2 field '<line>': not UTF-8"):
-        load_train_rows(str(path), str(tmp_path), 1)
+        read_rows(tmp_path, str(path), str(tmp_path), 1)
     path.write_bytes(b"\n".join(lines[:1] + lines[2:]) + b"\n")
     with pytest.raises(UserError, match=r"t\.jsonl line 3 field '<line>': not a JSON object"):
-        load_train_rows(str(path), str(tmp_path), 1)
+        read_rows(tmp_path, str(path), str(tmp_path), 1)
     path.write_bytes(b"\n".join(lines) + b"\n")
-    rows, reports = load_train_rows(str(path), str(tmp_path), 1, skip_bad_rows=True)
+    rows, reports = read_rows(tmp_path, str(path), str(tmp_path), 1, skip_bad_rows=True)
     assert skipped(reports) == 2 and len(rows) == 3
 
 
@@ -428,25 +430,25 @@ def test_image_paths_may_not_leave_image_dir(tmp_path):
         path = write_jsonl(tmp_path / f"t{i}.jsonl", [record(0, qry_image_path="in.png"),
                                                        record(1, pos_image_path=escape)])
         with pytest.raises(UserError, match=rf"t{i}\.jsonl line 2 field 'pos_image_path': image path .* leaves image_dir"):
-            load_train_rows(path, str(tmp_path / "images"), 1)
-        rows, _ = load_train_rows(path, str(tmp_path / "images"), 1, allow_any_image_path=True)
+            read_rows(tmp_path, path, str(tmp_path / "images"), 1)
+        rows, _ = read_rows(tmp_path, path, str(tmp_path / "images"), 1, allow_any_image_path=True)
         assert rows[1]["candidates"][0]["image"] == str(tmp_path / "outside.png")
-        assert skipped(load_train_rows(path, str(tmp_path / "images"), 1, skip_bad_rows=True)[1]) == 1
+        assert skipped(read_rows(tmp_path, path, str(tmp_path / "images"), 1, skip_bad_rows=True)[1]) == 1
 
 
 def test_a_line_that_is_not_json_is_a_bad_row(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(record(i)) + "\n" for i in range(4)) + "{not json\n")
     with pytest.raises(UserError, match="line 5"):
-        load_train_rows(str(path), str(tmp_path), 2)
-    assert skipped(load_train_rows(str(path), str(tmp_path), 2, skip_bad_rows=True)[1]) == 1
+        read_rows(tmp_path, str(path), str(tmp_path), 2)
+    assert skipped(read_rows(tmp_path, str(path), str(tmp_path), 2, skip_bad_rows=True)[1]) == 1
 
 
 # -----------------------------------------------------------------------------
 # the toy benchmark
 
-def test_shapes_benchmark_is_read_by_both_readers(shapes):
-    rows, reports = load_train_rows(shapes["train"], shapes["images"], num_hard_negatives=5)
+def test_shapes_benchmark_is_read_by_both_readers(shapes, tmp_path):
+    rows, reports = read_rows(tmp_path, shapes["train"], shapes["images"], num_hard_negatives=5)
     assert len(rows) == SHAPES_SIZES["num_train"] and skipped(reports) == 0  # every image was checked to exist
     names, empty = find_eval_datasets(shapes["eval"], shapes["images"])
     assert empty == []
@@ -469,9 +471,8 @@ def test_shapes_benchmark_is_read_by_both_readers(shapes):
 
 def test_prepare_is_deterministic_and_runs_from_the_command_line(shapes, tmp_path):
     out = tmp_path / "shapes"
-    command = [sys.executable, "-m", "shapes.prepare", f"--out_dir={out}", "--seed=0"]
-    command += [f"--{k}={v}" for k, v in SHAPES_SIZES.items()]
-    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
+    command = [f"--out_dir={out}", "--seed=0", "--pretrain=False"] + [f"--{k}={v}" for k, v in SHAPES_SIZES.items()]
+    prepare_module.main(command)  # python -m shapes.prepare's own entry (its pretraining: tests/test_toy.py's)
     assert (out / "tiny-qwen3.5" / "config.json").is_file()  # the model config/shapes_*.py start from
     fixture_root = Path(shapes["train"]).parent
     files = sorted(p.relative_to(fixture_root) for p in fixture_root.rglob("*") if p.is_file())
@@ -480,3 +481,100 @@ def test_prepare_is_deterministic_and_runs_from_the_command_line(shapes, tmp_pat
     assert all((fixture_root / f).read_bytes() == (out / f).read_bytes() for f in files)
     other = prepare_module.prepare(str(tmp_path / "seed1"), seed=1, **SHAPES_SIZES)
     assert Path(other["train"]).read_bytes() != Path(shapes["train"]).read_bytes()
+
+
+# -----------------------------------------------------------------------------
+# the prepared table
+
+def test_the_table_is_converted_once_and_read_through_a_memory_map(tmp_path, capsys):
+    import pickle
+    import pyarrow
+    from data import TrainTable
+    from readers.training import prepared_table
+    source = write_jsonl(tmp_path / "rows.jsonl", [record(i) for i in range(40)])
+    tables = str(tmp_path / "tables")
+    path = prepared_table(source, str(tmp_path), tables)
+    assert "converting" in capsys.readouterr().out
+    assert prepared_table(source, str(tmp_path), tables) == path  # found again: not converted again
+    assert "converting" not in capsys.readouterr().out
+    assert sorted(os.listdir(tables)) == sorted([os.path.basename(path), os.path.basename(path)[:-6] + ".json"])
+    before = pyarrow.total_allocated_bytes()
+    table = TrainTable(path)
+    texts = [table.row(i)["query"]["text"] for i in range(len(table))]
+    assert texts == [f"query {i}" for i in range(40)]
+    assert pyarrow.total_allocated_bytes() - before < 4096  # the rows are the map's pages, not a copy
+    assert len(pickle.dumps(table)) < 20_000  # what a DataLoader worker receives: the path, not the rows
+    # what the table is made from: the sources and the options that change a row, not the seed or the fill
+    assert prepared_table(source, str(tmp_path), tables, instructions="dataset") != path
+    records = [record(i) for i in range(40)]
+    records[20]["qry"] = "query X0"  # the same size, within the same clock tick: still another table
+    write_jsonl(tmp_path / "rows.jsonl", records)
+    assert os.path.getsize(source) == os.path.getsize(tmp_path / "rows.jsonl")
+    assert prepared_table(source, str(tmp_path), tables) != path
+    with open(path, "r+b") as f:  # a table cut short is refused, naming the way out
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(Exception, match="rows|Arrow|arrow|IPC|Invalid"):
+        TrainTable(path).row(0)
+
+
+@pytest.mark.slow
+def test_one_writer_converts_while_the_others_wait(tmp_path):
+    import subprocess as sp
+    import threading
+    from readers.training import prepared_table
+    source = write_jsonl(tmp_path / "rows.jsonl", [record(i) for i in range(3000)])
+    code = ("import sys; from readers.training import prepared_table; "
+            f"print('PATH', prepared_table({source!r}, {str(tmp_path)!r}, {str(tmp_path / 'tables')!r}))")
+    ranks = [sp.Popen([sys.executable, "-c", code], cwd=REPO, text=True, stdout=sp.PIPE, stderr=sp.STDOUT)
+             for _ in range(3)]  # three ranks start at once
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks), outputs
+    assert sum("converting" in output for output in outputs) == 1  # one wrote it
+    assert len({line for output in outputs for line in output.splitlines() if line.startswith("PATH")}) == 1
+    # a lock left by a writer that died on this host is taken over; another host's is waited for, and said so
+    other = write_jsonl(tmp_path / "other.jsonl", [record(i) for i in range(5)])
+    dead = sp.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = str(tmp_path / "tables" / "other-") + "{}.arrow.lock"
+    from readers import training
+    entries = training.train_entries(other, str(tmp_path))
+    target = training.table_path(entries, [training.train_subsets(other, "original")], str(tmp_path / "tables"),
+                                 "original", "paper", False)
+    json.dump({"host": __import__("socket").gethostname(), "pid": dead.pid}, open(target + ".lock", "w"))
+    assert prepared_table(other, str(tmp_path), str(tmp_path / "tables")) == target
+    os.remove(target), os.remove(target[:-6] + ".json")
+    json.dump({"host": "elsewhere", "pid": 1}, open(target + ".lock", "w"))
+    lines = []
+    waiting = threading.Thread(target=lambda: lines.append(prepared_table(other, str(tmp_path), str(tmp_path / "tables"))))
+    waiting.start()
+    time.sleep(1.5)
+    assert waiting.is_alive() and not lines  # another host's writer: not ours to judge, so this waits
+    os.remove(target + ".lock")  # it finished or was cleared: the waiter converts
+    waiting.join(timeout=60)
+    assert lines == [target] and os.path.isfile(target)
+    del lock
+
+
+def test_your_own_rows_in_the_plain_layout_need_no_code(tmp_path):
+    save_image(tmp_path / "photo.png")
+    plain = [{"query": "find the red one", "query_image": "", "positive": "", "positive_image": "photo.png",
+              "negatives": ["a blue one", ""], "negative_images": ["", "photo.png"]},
+             {"query": "what is shown?", "query_image": "photo.png", "positive": "a red rectangle",
+              "negatives": ["a green circle"]}]
+    jsonl = write_jsonl(tmp_path / "mine.jsonl", plain)
+    parquet = str(tmp_path / "mine.parquet")
+    pq.write_table(pa.Table.from_pylist([dict(p, positive_image=p.get("positive_image", ""),
+                                              negative_images=p.get("negative_images", [""])) for p in plain]), parquet)
+    image = str(tmp_path / "photo.png")
+    for path in (jsonl, parquet):
+        rows, reports = read_rows(tmp_path, path, str(tmp_path), num_hard_negatives=2, instructions="dataset")
+        assert reports[0].layout == "plain" and len(rows) == 2
+        assert rows[0]["query"] == {"text": "find the red one", "image": None}
+        assert rows[0]["candidates"] == [{"text": "", "image": image}, {"text": "a blue one", "image": None},
+                                         {"text": "", "image": image}]  # an image negative stays image-only here
+        assert rows[1]["query"] == {"text": "what is shown?", "image": image}
+        assert rows[1]["candidates"][:2] == [{"text": "a red rectangle", "image": None},
+                                             {"text": "a green circle", "image": None}]  # the third filled
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "a"}])
+    with pytest.raises(UserError, match=r"bad\.jsonl line 1 field 'query': no query column.* qry,.*query,.*question"):
+        read_rows(tmp_path, bad, str(tmp_path), 1)

@@ -1,8 +1,8 @@
 """
-Tests of eval.py: Precision@1 on a dataset in the official MMEB layout (self-retrieval 100, a constant
-model 0 with every row tied), strict ties and padding by hand, the Table 8 arithmetic, one encode per
-distinct item, a run of main() on the toy benchmark with its geometry outputs, and two gloo ranks
-against one process.
+Tests of eval.py and tools/geometry.py: Precision@1 on a dataset in the official MMEB layout (self-retrieval 100, a
+constant model 0 with every row tied), strict ties and padding by hand, the Table 8 arithmetic, one encode per
+distinct item, a run of main() on the toy benchmark with the samples it keeps and the geometry drawn from them,
+and two gloo ranks against one process.
 
     python -m pytest -q tests/test_eval.py
 """
@@ -12,7 +12,6 @@ import math
 import os
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,13 +23,14 @@ from common import UserError
 import torch
 from PIL import Image, ImageDraw
 
-import checkpoint
-import data
-import diagnostics
 import eval as evaluation
-import mmeb
-import plot
+from model import EmbeddingSpec
+from readers import mmeb
+from readers.evaluation import read_eval_dataset
+from runs.export import model_card
 from shapes.prepare import prepare
+from tools import geometry as diagnostics
+from tests.toyrun import run_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def self_retrieval_rows(tmp_path):
     sides = distinct_sides(write_images(image_dir, 3))
     rows = [(side, [side] + [other for other in sides if other != side]) for side in sides]
     write_mmeb_dataset(tmp_path / "mmeb" / "Self", rows)
-    return data.read_eval_dataset(str(tmp_path / "mmeb" / "Self"), str(image_dir))[0]
+    return read_eval_dataset(str(tmp_path / "mmeb" / "Self"), str(image_dir))[0]
 
 
 def test_self_retrieval_scores_100_with_cosine(tiny_embedder, self_retrieval_rows):
@@ -141,7 +141,7 @@ def test_each_distinct_item_is_encoded_once(tiny_embedder, tmp_path, monkeypatch
     a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
     rows = [(a, [b, c, d]), (a, [b, d, c]), (b, [c, d, e]), (e, [b, c, d]), (d, [c, b, e]), (a, [c, b, d])]
     write_mmeb_dataset(tmp_path / "mmeb" / "Shared", rows)
-    rows, _ = data.read_eval_dataset(str(tmp_path / "mmeb" / "Shared"), str(image_dir))
+    rows, _ = read_eval_dataset(str(tmp_path / "mmeb" / "Shared"), str(image_dir))
     encoded, forward = [], tiny_embedder.forward
     monkeypatch.setattr(tiny_embedder, "forward", lambda **batch: encoded.append(batch["input_ids"]) or forward(**batch))
     result = evaluation.evaluate_dataset(tiny_embedder, rows, "dot", batch_size=2)[0]
@@ -158,11 +158,10 @@ def toy_benchmark(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dot_checkpoint(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint with a pace.json saying it was trained with the dot product."""
+    """The tiny checkpoint with an embedding spec saying it was trained with the dot product, as an export's."""
     path = str(tmp_path_factory.mktemp("dot") / "export")
     shutil.copytree(tiny_checkpoint, path)
-    with open(os.path.join(path, "pace.json"), "w") as f:
-        json.dump({"similarity": "dot"}, f)
+    EmbeddingSpec(similarity="dot", backbone=tiny_checkpoint).save(path)
     return path
 
 
@@ -183,7 +182,7 @@ def test_main_on_the_toy_benchmark_writes_table_and_geometry(toy_run, dot_checkp
     result, out = toy_run
     with open(out) as f:
         written = json.load(f)
-    assert written["similarity"] == "dot"  # from the checkpoint's pace.json, as PACE is evaluated
+    assert written["similarity"] == "dot" == written["spec"]["similarity"]  # the checkpoint's spec, as PACE ranks
     assert list(written["datasets"]) == TOY_DATASETS
     cls, t2i = written["datasets"]["Shapes-CLS"], written["datasets"]["Shapes-T2I-OOD"]
     assert (cls["meta_task"], cls["split"], t2i["meta_task"], t2i["split"]) == ("Classification", "IND", "Retrieval", "OOD")
@@ -193,8 +192,19 @@ def test_main_on_the_toy_benchmark_writes_table_and_geometry(toy_run, dot_checkp
     assert written["meta_tasks"] == {"Classification": cls["precision_at_1"], "Retrieval": t2i["precision_at_1"]}
     assert (written["IND"], written["OOD"]) == (cls["precision_at_1"], t2i["precision_at_1"])
     assert written["overall"] == pytest.approx((cls["precision_at_1"] + t2i["precision_at_1"]) / 2)
+    assert (cls["precision_at_1_argmax"] >= cls["precision_at_1"]) and cls["candidates"] == [5, 5]
+    assert written["argmax"]["overall"] >= written["overall"]
+    # the sheet's data: two queries, their top 3 by score, the gold marked
+    assert len(cls["sheet"]) == 2 and all(len(row["results"]) == 3 for row in cls["sheet"])
+    for row in cls["sheet"]:
+        scores = [r["score"] for r in row["results"]]
+        assert scores == sorted(scores, reverse=True) and sum(r["gold"] for r in row["results"]) <= 1
+    assert written["benchmark"] == "other" and "coverage" not in written  # the toy: no MMEB dataset, its own means
+    for entry in (cls, t2i):  # toy datasets keep their text; the layout read is said per dataset
+        assert entry["instructions"] == {"not of an MMEB dataset (kept)": 9} and entry["layout"] == "v1"
 
-    geometry = written["geometry"]
+    # tools/geometry.py on what eval.py kept: the numbers and the picture beside the JSON
+    geometry = diagnostics.main([out])[out[:-len(".json")] + "_geometry.json"]
     for key in ("norm_cos_pearson_r", "random_pair_mean_cos", "query_norm", "candidate_norm", "pca_explained_variance"):
         assert key in geometry, key
     assert geometry["num_matched_pairs"] == 18  # every evaluated query with its gold
@@ -209,26 +219,18 @@ def test_main_on_the_toy_benchmark_writes_table_and_geometry(toy_run, dot_checkp
     assert sum(pca["is_query"]) == 18  # 10 a dataset asked for, 9 there: every query, then their candidates
     assert geometry["all_norms_equal"] and pca["norm_percentile"] is None  # no percentiles of equal norms
     assert len(geometry["random_pair_cos"]) == 18 and len(geometry["pairs"]["cos_positive"]) == 18
-    png = out[:-len(".json")] + "_geometry.png"
-    assert geometry["png"] == png
-    with Image.open(png) as image:  # three panels: random-pair histogram, matched pairs, PCA
-        assert image.size == plot.grid_size(3, 3, (420, 380), "x") and image.mode == "RGB"
-        colours = set(image.getdata())
-    assert plot.ramp(0.0) not in colours and plot.ramp(1.0) not in colours  # no colour bar for equal norms
-    assert (cls["precision_at_1_argmax"] >= cls["precision_at_1"]) and cls["candidates"] == [5, 5]
-    assert written["argmax"]["overall"] >= written["overall"]
-    with Image.open(cls["sheet_png"]) as sheet:  # two queries, their top 3
-        assert sheet.size == plot.sheet_size(2, 3, title="x")
-    assert written["benchmark"] == "other" and "coverage" not in written  # the toy: no MMEB dataset, its own means
-    for entry in (cls, t2i):  # toy datasets keep their text; the layout read is said per dataset
-        assert entry["instructions"] == {"not of an MMEB dataset (kept)": 9} and entry["layout"] == "v1"
+    with Image.open(out[:-len(".json")] + "_geometry.png") as image:
+        assert image.width > 2 * image.height  # three panels side by side
 
     # the same run again ranks by cosine when asked, and the arguments of the first run do not leak
-    args = [a for a in toy_args(dot_checkpoint, toy_benchmark, out) if not a.startswith("--geometry_samples")]
+    other = out[:-len(".json")] + "_cos.json"
+    args = [a for a in toy_args(dot_checkpoint, toy_benchmark, other) if not a.startswith("--geometry_samples")]
     args += ["--similarity=cos", "--geometry=False"]
     again = evaluation.main([a for a in args if not a.startswith("--datasets=")] + ["--datasets=['Shapes-T2I-OOD']"])
-    assert again["similarity"] == "cos" and "geometry" not in again and list(again["datasets"]) == ["Shapes-T2I-OOD"]
+    assert again["similarity"] == "cos" and list(again["datasets"]) == ["Shapes-T2I-OOD"]
     assert again["config"]["geometry_samples"] == 1000  # config/shapes_eval.py's, not the 20 of the first run
+    with pytest.raises(UserError, match="geometry sample .*Shapes-T2I-OOD.*--geometry=True"):
+        diagnostics.main([other])  # nothing kept to draw from
 
 
 def test_geometry_by_hand():
@@ -236,11 +238,12 @@ def test_geometry_by_hand():
     angles = torch.linspace(0, 1.2, 50)
     directions = torch.stack([angles.cos(), angles.sin(), torch.zeros(50)], 1)  # (50, 3)
     queries, golds = torch.tensor([1.0, 0.0, 0.0]).expand(50, 3) * 2, directions * (3 * (1 - angles.cos()[:, None])).exp()
-    sample = diagnostics.pairs(queries, golds, golds, 10, torch.Generator().manual_seed(0))
-    summary, picture = diagnostics.summary([sample])
+    sample = evaluation.geometry_sample_of(queries, golds, golds, 10, torch.Generator().manual_seed(0))
+    summary = diagnostics.summary([sample])
     assert summary["norm_cos_pearson_r"] == pytest.approx(-1.0, abs=1e-4)
-    constant = diagnostics.pairs(8 * directions, 8 * directions, 8 * directions, 10, torch.Generator().manual_seed(0))
-    numbers = diagnostics.summary([constant])[0]
+    constant = evaluation.geometry_sample_of(8 * directions, 8 * directions, 8 * directions, 10,
+                                             torch.Generator().manual_seed(0))
+    numbers = diagnostics.summary([constant])
     assert numbers["norm_cos_pearson_r"] is None and numbers["all_norms_equal"]  # all norms equal: r undefined
     assert numbers["norm_from_direction_r2"] == {"2": None, "10": None} and numbers["pca"]["norm_percentile"] is None
     assert diagnostics.describe(numbers).startswith("all norms 8.00")
@@ -251,7 +254,6 @@ def test_geometry_by_hand():
     assert summary["query_norm"]["mean"] == pytest.approx(2.0) and summary["query_norm"]["std"] == pytest.approx(0)
     z = torch.tensor(summary["pairs"]["standardised_log_norm_product"])
     assert z.mean().abs() < 1e-5 and z.std() == pytest.approx(1.0, abs=1e-5)  # Figure 4a's standardised axis
-    assert picture.size == plot.grid_size(3, 3, (420, 380))
 
 
 def test_norm_from_direction_r2():
@@ -272,10 +274,9 @@ def test_norm_from_direction_r2():
     few = diagnostics.norm_from_direction_r2(free[:30])  # 30 points: enough for 2 components, too few for 10
     assert few["2"] is not None and few["10"] is None
     # norms that vary while r is undefined (every pair's cosine is 1): printed and drawn, not a crash
-    numbers, picture = diagnostics.summary([diagnostics.pairs(tied, tied, tied, 10, generator)])
+    numbers = diagnostics.summary([evaluation.geometry_sample_of(tied, tied, tied, 10, generator)])
     assert numbers["norm_cos_pearson_r"] is None and not numbers["all_norms_equal"]
     assert diagnostics.describe(numbers).startswith("r -, norm-from-direction R^2 (k=2) 1.00")
-    assert picture.size == plot.grid_size(3, 3, (420, 380))
 
 
 def free_port():
@@ -284,6 +285,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(toy_run, dot_checkpoint, toy_benchmark, tmp_path):
     one, _ = toy_run
     out = str(tmp_path / "two.json")
@@ -291,18 +293,19 @@ def test_two_gloo_ranks_equal_one_process(toy_run, dot_checkpoint, toy_benchmark
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                "eval.py", *toy_args(dot_checkpoint, toy_benchmark, out)]
-    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    code, output = run_process(command, timeout=120, env=env)
+    assert code == 0, output[-6000:]
     with open(out) as f:
         two = json.load(f)
     for name in TOY_DATASETS:  # every rank encoded half the distinct items: the same numbers
         for key in ("precision_at_1", "num_queries", "ties", "distinct_items", "dedup_factor"):
             assert two["datasets"][name][key] == one["datasets"][name][key], (name, key)
     assert (two["IND"], two["OOD"], two["overall"]) == (one["IND"], one["OOD"], one["overall"])
-    for key in ("norm_cos_pearson_r", "random_pair_mean_cos"):
-        assert two["geometry"][key] == pytest.approx(one["geometry"][key], abs=1e-4)
-    assert run.stdout.count("wrote ") == 1  # rank 0 alone prints and writes
-    assert "Shapes-CLS: 16/16 items" in run.stdout  # rank 0's share of Shapes-CLS's 31 distinct items
+    one_geometry, two_geometry = diagnostics.from_results(toy_run[1])[0], diagnostics.from_results(out)[0]
+    for key in ("random_pair_mean_cos", "num_matched_pairs"):  # each dataset's sample is the same: its own seed
+        assert two_geometry[key] == pytest.approx(one_geometry[key], abs=1e-4)
+    assert output.count("wrote ") == 1  # rank 0 alone prints and writes
+    assert "Shapes-CLS: 16/16 items" in output  # rank 0's share of Shapes-CLS's 31 distinct items
 
 
 def test_an_empty_dataset_folder_is_an_error_or_a_listed_omission(dot_checkpoint, toy_benchmark, tmp_path):
@@ -332,21 +335,26 @@ def test_rows_of_different_candidate_counts_are_reported(tiny_embedder, tmp_path
     image_dir = tmp_path / "images"
     a, b, c, d, e = distinct_sides(write_images(image_dir, 3))
     write_mmeb_dataset(tmp_path / "mmeb" / "Uneven", [(a, [b, c, d]), (b, [c, d]), (e, [a, b, c, d])])
-    rows, _ = data.read_eval_dataset(str(tmp_path / "mmeb" / "Uneven"), str(image_dir))
+    rows, _ = read_eval_dataset(str(tmp_path / "mmeb" / "Uneven"), str(image_dir))
     assert evaluation.evaluate_dataset(tiny_embedder, rows, "dot")[0]["candidates"] == [2, 4]
 
 
 def test_training_rows_geometry_and_the_model_card(dot_checkpoint, toy_benchmark, tmp_path):
     export = tmp_path / "run" / "export"
     shutil.copytree(dot_checkpoint, export)
-    info = {"similarity": "dot", "step": 7, "backbone": dot_checkpoint, "config": {"learning_rate": 0.1}}
-    (export / "README.md").write_text(checkpoint.model_card(info, str(export)))
+    spec = EmbeddingSpec.load(str(export))
+    info = {"step": 7, "config": {"learning_rate": 0.1}}
+    (export / "pace.json").write_text(json.dumps(info))
+    (export / "README.md").write_text(model_card(spec, info, str(export)))
     out = str(tmp_path / "card.json")
-    args = toy_args(str(export), toy_benchmark, out) + [f"--geometry_train_data={[toy_benchmark['train']]!r}"]
-    result = evaluation.main(args)
-    train = result["geometry_train"]  # 20 training rows: queries with their positives
-    assert train["num_matched_pairs"] == 20 and len(train["random_pair_cos"]) == 20
-    assert os.path.isfile(train["png"]) and train["png"].endswith("card_geometry_train.png")
+    evaluation.main(toy_args(str(export), toy_benchmark, out))
     card = (export / "README.md").read_text()
     assert "Shapes-CLS" in card.split("## Evaluation")[1] and card.count("## Evaluation") == 1
     assert "**dot product**" in card and "load_embedder" in card
+    # the paper's geometry on training rows: 20 queries with their positives
+    train = diagnostics.main([f"--init_from={export}", f"--train_data={[toy_benchmark['train']]!r}",
+                              f"--image_dir={toy_benchmark['images']}", f"--table_dir={tmp_path / 'tables'}",
+                              "--samples=20", "--num_workers=0", f"--out={tmp_path / 'train_geometry.json'}"])
+    numbers = train[str(tmp_path / "train_geometry.json")]
+    assert numbers["num_matched_pairs"] == 20 and len(numbers["random_pair_cos"]) == 20
+    assert os.path.isfile(tmp_path / "train_geometry.png")

@@ -205,8 +205,8 @@ def test_merge_lora_state_dict_equals_module_merge():
 
 
 def test_merged_tiny_embedder_saves_and_reloads_to_the_same_embeddings(tiny_checkpoint, tmp_path):
-    from checkpoint import save_hf_folder
     from model import Embedder
+    from runs.export import save_hf_folder
     embedder = Embedder.from_pretrained(tiny_checkpoint)
     inject_lora(embedder.model, rank=4, alpha=8)
     torch.manual_seed(1)
@@ -217,7 +217,7 @@ def test_merged_tiny_embedder_saves_and_reloads_to_the_same_embeddings(tiny_chec
     adapted = embedder.encode(items)
     assert merge_lora(embedder) == 31
     torch.testing.assert_close(embedder.encode(items), adapted, atol=1e-5, rtol=0)
-    save_hf_folder(embedder.state_dict(), tiny_checkpoint, str(tmp_path / "merged"), {"similarity": "cos"})
+    save_hf_folder(embedder.state_dict(), embedder.spec, str(tmp_path / "merged"), {"step": 0})
     reloaded = Embedder.from_pretrained(str(tmp_path / "merged"))
     torch.testing.assert_close(reloaded.encode(items), adapted, atol=1e-5, rtol=0)
     base = Embedder.from_pretrained(tiny_checkpoint).encode(items)

@@ -9,7 +9,6 @@ alignment (eqs. U1-U4) against a float64 loop, and two gloo ranks against one pr
 
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,11 +16,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loss import collapsed, pace_loss, similarity_matrix
+from loss import COLLAPSE_SPREAD, logit_spread, pace_loss, similarity_matrix, statistics
 from tests import dist_loss_check
+from tests.toyrun import run_process
 
 REPO = Path(__file__).resolve().parents[1]
 FOCAL_TEMPERATURE = 0.1
+
+
+def loss_and_stats(*args, **kwargs):
+    """pace_loss's loss to backpropagate, and statistics() of the same terms."""
+    terms = pace_loss(*args, **kwargs)
+    return terms.loss, statistics(terms)
 
 
 def reference_loss(q, c, targets, similarity, temperature, focal_gamma, focal_temperature):
@@ -66,7 +72,7 @@ SETTINGS = [(s, tau, gamma) for s, tau in [("cos", 0.1), ("dot", 0.1), ("dot", 1
 @pytest.mark.parametrize("similarity,temperature,focal_gamma", SETTINGS)
 def test_matches_loop_reference(similarity, temperature, focal_gamma):
     q, c, targets = random_batch(similarity, temperature)
-    loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
+    loss, stats = loss_and_stats(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
     grad_q, grad_c = torch.autograd.grad(loss, (q, c))
     expected, weights = reference_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
     expected_grad_q, expected_grad_c = torch.autograd.grad(expected, (q, c))
@@ -86,7 +92,7 @@ def test_matches_loop_reference(similarity, temperature, focal_gamma):
 @pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 100.0)])
 def test_gamma_zero_is_infonce(similarity, temperature):
     q, c, targets = random_batch(similarity, temperature, seed=1)
-    loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma=0.0)
+    loss, stats = loss_and_stats(q, c, targets, similarity, temperature, focal_gamma=0.0)
     logits = similarity_matrix(q, c, similarity) / temperature
     assert torch.allclose(loss, F.cross_entropy(logits, targets), rtol=1e-6, atol=1e-7)
     assert stats["weight_min"] == stats["weight_max"] == 1.0
@@ -95,7 +101,7 @@ def test_gamma_zero_is_infonce(similarity, temperature):
 @pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 100.0)])
 def test_focal_weight_carries_no_gradient(similarity, temperature):
     q, c, targets = random_batch(similarity, temperature, seed=2)
-    loss, _ = pace_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE)
+    loss, _ = loss_and_stats(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE)
     grad_q, grad_c = torch.autograd.grad(loss, (q, c))
 
     def weighted_loss(detach):  # eq. (7) with a_i of eq. (5) as constants, or differentiated
@@ -122,12 +128,12 @@ def radial_fraction(x, grad):
 def test_cosine_has_no_radial_gradient():
     # eq. (8): the cosine objective only moves directions; the dot objective also moves norms
     q, c, targets = random_batch("cos", 0.1, seed=3)
-    loss, _ = pace_loss(q, c, targets, "cos", 0.1, 2.0)
+    loss, _ = loss_and_stats(q, c, targets, "cos", 0.1, 2.0)
     grad_q, grad_c = torch.autograd.grad(loss, (q, c))
     assert radial_fraction(q, grad_q).max() < 1e-5
     assert radial_fraction(c, grad_c).max() < 1e-5
     q, c, targets = random_batch("dot", 100.0, seed=3)
-    loss, _ = pace_loss(q, c, targets, "dot", 100.0, 2.0)
+    loss, _ = loss_and_stats(q, c, targets, "dot", 100.0, 2.0)
     grad_q, grad_c = torch.autograd.grad(loss, (q, c))
     assert radial_fraction(q, grad_q).mean() > 0.05
     assert radial_fraction(c, grad_c).mean() > 0.05
@@ -135,7 +141,7 @@ def test_cosine_has_no_radial_gradient():
 
 def test_stats():
     q, c, targets = random_batch("dot", 100.0, seed=4)
-    loss, stats = pace_loss(q, c, targets, "dot", 100.0, 2.0)
+    loss, stats = loss_and_stats(q, c, targets, "dot", 100.0, 2.0)
     nll = F.cross_entropy(similarity_matrix(q, c, "dot") / 100.0, targets, reduction="none")
     cos = similarity_matrix(q, c, "cos")
     p = (cos / FOCAL_TEMPERATURE).softmax(-1).gather(1, targets[:, None]).squeeze(1)
@@ -151,7 +157,7 @@ def test_stats():
 def test_bfloat16_inputs_give_float32_logits():
     q, c, targets = random_batch("dot", 100.0, seed=5)
     assert similarity_matrix(q.bfloat16(), c.bfloat16(), "dot").dtype == torch.float32
-    loss, _ = pace_loss(q.detach().bfloat16().requires_grad_(), c.detach().bfloat16(), targets, "dot", 100.0)
+    loss, _ = loss_and_stats(q.detach().bfloat16().requires_grad_(), c.detach().bfloat16(), targets, "dot", 100.0)
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
 
 
@@ -161,7 +167,7 @@ def test_bad_arguments_raise():
         pace_loss(q, c, targets, similarity="l2")
     with pytest.raises(ValueError, match="q must be"):
         pace_loss(q[0], c, targets)
-    with pytest.raises(ValueError, match="embedding size D"):
+    with pytest.raises(ValueError, match=r"one D.*\(5, 12\).*\(20, 11\)"):
         pace_loss(q, c[:, :-1], targets)
     with pytest.raises(ValueError, match="targets must be"):
         pace_loss(q, c, targets[:-1])
@@ -187,7 +193,7 @@ def reference_weights(weighting, q, c, targets, gamma):
 def test_figure_6b_weightings_are_detached_and_normalised_like_the_focal_weight(weighting, similarity, temperature):
     q, c, targets = random_batch(similarity, temperature, seed=7)
     torch.manual_seed(3)
-    loss, stats = pace_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE, weighting)
+    loss, stats = loss_and_stats(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE, weighting)
     if weighting == "random":
         torch.manual_seed(3)
         weights = torch.rand(q.shape[0], dtype=torch.float32).double()  # the same draws: U(0, 1) a query
@@ -201,7 +207,7 @@ def test_figure_6b_weightings_are_detached_and_normalised_like_the_focal_weight(
     assert stats["weight_min"] == pytest.approx(weights.min().item(), abs=1e-6)
     assert stats["weight_max"] == pytest.approx(weights.max().item(), abs=1e-6)
     assert weights.max() / weights.min() > 1.2  # the weights differ between queries, or the test proves little
-    focal, _ = pace_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE)
+    focal, _ = loss_and_stats(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE)
     assert focal.item() != pytest.approx(loss.item(), rel=1e-4)  # and they are not the focal weights
 
 
@@ -214,10 +220,12 @@ def test_collapsed_embeddings_are_told_apart_from_healthy_ones():
                                              direction * torch.rand(len(c), 1, dtype=torch.float64) + 0 * c, None)}
     for name, (queries, candidates, expected) in cases.items():
         for similarity, temperature in [("cos", 0.1), ("dot", 0.1)]:
-            _, stats = pace_loss(queries, candidates, targets, similarity, temperature)
+            terms = pace_loss(queries, candidates, targets, similarity, temperature)
+            spread = logit_spread(terms).item()
             # one direction with varying norms carries no signal for cosine, but does for the dot product
             want = (similarity == "cos") if expected is None else expected
-            assert collapsed(stats) == want, (name, similarity, stats["logit_spread"])
+            assert (spread < COLLAPSE_SPREAD) == want, (name, similarity, spread)
+            assert statistics(terms)["logit_spread"] == pytest.approx(spread)  # the log's figure is the same
 
 
 def own_candidates_of(n, hard_negatives):
@@ -251,8 +259,8 @@ def reference_alignment(q, c, own, judge, similarity, temperature, judge_tempera
 def test_judge_alignment_matches_loop_reference(similarity, temperature, focal_gamma):
     q, c, targets = random_batch(similarity, temperature, seed=9)
     own = own_candidates_of(5, 3)
-    loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE,
-                            soft_labels="judge", judge_scores=HAND_JUDGE, own_candidates=own, judge_temperature=0.05,
+    loss, stats = loss_and_stats(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE,
+                            judge_scores=HAND_JUDGE, own_candidates=own, judge_temperature=0.05,
                             alignment_weight=0.7)
     focal, _ = reference_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE)
     alignment = reference_alignment(q, c, own, HAND_JUDGE, similarity, temperature, 0.05)
@@ -273,17 +281,17 @@ def test_judge_alignment_matches_loop_reference(similarity, temperature, focal_g
 def test_judge_alignment_is_zero_when_the_judge_agrees_and_off_by_default():
     q, c, targets = random_batch("cos", 0.1, seed=10)
     own = own_candidates_of(5, 3)
-    plain, plain_stats = pace_loss(q, c, targets, "cos", 0.1, 2.0)
+    plain, plain_stats = loss_and_stats(q, c, targets, "cos", 0.1, 2.0)
     plain_grads = torch.autograd.grad(plain, (q, c))
     # lambda = 0: the plain focal loss and gradient, bit for bit
-    zero, _ = pace_loss(q, c, targets, "cos", 0.1, 2.0, soft_labels="judge", judge_scores=HAND_JUDGE,
+    zero, _ = loss_and_stats(q, c, targets, "cos", 0.1, 2.0, judge_scores=HAND_JUDGE,
                         own_candidates=own, alignment_weight=0.0)
     assert zero.item() == plain.item()
     assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(zero, (q, c)), plain_grads))
     assert "alignment" not in plain_stats
     # a judge whose scores / tau_j are the model's logits (up to a shift) leaves nothing to align
     agreeing = (similarity_matrix(q, c, "cos").gather(1, own) / 0.1 * 0.05 + 0.3).detach()
-    loss, stats = pace_loss(q, c, targets, "cos", 0.1, 2.0, soft_labels="judge", judge_scores=agreeing,
+    loss, stats = loss_and_stats(q, c, targets, "cos", 0.1, 2.0, judge_scores=agreeing,
                             own_candidates=own, judge_temperature=0.05)
     assert stats["alignment"] == pytest.approx(0.0, abs=1e-6)
     assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
@@ -292,20 +300,13 @@ def test_judge_alignment_is_zero_when_the_judge_agrees_and_off_by_default():
 def test_judge_arguments_are_checked():
     q, c, targets = random_batch("cos", 0.1, seed=11)
     own = own_candidates_of(5, 3)
-    with pytest.raises(ValueError, match="soft_labels must be"):
-        pace_loss(q, c, targets, soft_labels="teacher")
-    with pytest.raises(ValueError, match="needs judge_scores"):
-        pace_loss(q, c, targets, soft_labels="judge")
-    with pytest.raises(ValueError, match="only with soft_labels='judge'"):
-        pace_loss(q, c, targets, judge_scores=HAND_JUDGE, own_candidates=own)
-    with pytest.raises(ValueError, match="its target"):
-        pace_loss(q, c, targets, soft_labels="judge", judge_scores=HAND_JUDGE, own_candidates=own.flip(1))
-    with pytest.raises(ValueError, match="shaped like own_candidates"):
-        pace_loss(q, c, targets, soft_labels="judge", judge_scores=HAND_JUDGE[:, :3], own_candidates=own)
-    outside = own.clone()
-    outside[0, 1] = c.shape[0]
-    with pytest.raises(ValueError, match="index the local candidates"):
-        pace_loss(q, c, targets, soft_labels="judge", judge_scores=HAND_JUDGE, own_candidates=outside)
+    for wrong in ({"judge_scores": HAND_JUDGE}, {"own_candidates": own}):  # one without the other
+        with pytest.raises(ValueError, match="judge_scores.*own_candidates"):
+            pace_loss(q, c, targets, **wrong)
+    with pytest.raises(ValueError, match="own_candidates\\[:, 0\\]"):  # the positive must come first
+        pace_loss(q, c, targets, judge_scores=HAND_JUDGE, own_candidates=own.flip(1))
+    with pytest.raises(ValueError, match=r"judge_scores.*\(5, 4\).*\(5, 3\)"):  # the shapes it has and needs
+        pace_loss(q, c, targets, judge_scores=HAND_JUDGE[:, :3], own_candidates=own)
 
 
 def free_port():
@@ -319,8 +320,8 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                f"--master_port={free_port()}", "-m", "tests.dist_loss_check", str(tmp_path)]
-    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    code, output = run_process(command, timeout=90, env=env)
+    assert code == 0, output[-6000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     world = ranks[0]["world"]
 
@@ -339,7 +340,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
         c = encoder(candidate_inputs.flatten(0, 1))  # (world*M, D)
         extra = dist_loss_check.judge_args(soft_labels, ranks[0]["judge_scores"].flatten(0, 1))
         extra.update({"own_candidates": own} if extra else {})
-        loss, stats = pace_loss(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE, weighting,
+        loss, stats = loss_and_stats(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE, weighting,
                                 **extra)
         loss.backward()
         label = f"{similarity} tau={temperature} gamma={focal_gamma} {weighting} soft_labels={soft_labels}"
@@ -355,4 +356,9 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
         if focal_gamma > 0:
             assert stats["weight_max"] / stats["weight_min"] > 1.5, label  # focal weights matter here
     for rank in ranks:
-        assert "same candidate shape" in rank["mismatch_error"]
+        assert "same candidate shape" in rank["mismatch_error"] and "(9, 16)" in rank["mismatch_error"]
+        # a step's loss: one all-reduce (the global sum of a_i and N) and one all-gather, the candidates' own (a shape
+        # checked once is not gathered again)
+        assert rank["hot_path"] == {"all_reduce": 1, "all_gather": 1}
+        assert rank["with_statistics"] == {"all_reduce": 2, "all_gather": 1}  # the statistics: one all-reduce more
+        assert (9, 16) in rank["checked_shapes"]

@@ -1,7 +1,7 @@
 """
-Tests of mine.py on the toy benchmark with the tiny random Qwen3.5 (shapes/tiny_model.py) as both the mining
-embedder and the judge: the mined file in the mmE5 layout, read back by data.load_train_rows; its negatives closer
-to their queries than data.py's random fill; its scores the embedder's own similarity; the near-duplicate
+Tests of tools/mine.py and tools/judge.py on the toy benchmark with the tiny random Qwen3.5 (shapes/tiny_model.py)
+as both the mining embedder and the judge: the mined file in the mmE5 layout, read back as train.py reads it; its
+negatives closer to their queries than data.py's random fill; its scores the embedder's own similarity; the near-duplicate
 threshold; the judge's scores against softmax(logit_yes, logit_no) computed here with plain transformers; refined
 sampling; an interrupted judge run resumed; two gloo ranks against one process.
 
@@ -20,12 +20,15 @@ import pytest
 import torch
 from PIL import Image
 
-import data
-import mine
-from checkpoint import load_embedder
-from common import UserError
-from mmeb import IMAGE_MARKER
+from common import IMAGE_MARKER, UserError
+from runs.export import load_embedder
 from shapes.prepare import prepare
+from tests.rows import read_rows, train_dataset
+from tools import judge as judging
+from tools import mine
+from tests.toyrun import run_process
+
+pytestmark = pytest.mark.slow  # mines and judges the toy in this process, trains and evaluates on what it mined
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K, POOL, MAX_PIXELS = 3, 8, 4096  # negatives a row, candidates pooled a query; 64 x 64 images: 4 tokens each
@@ -44,7 +47,8 @@ def toy(tmp_path_factory, tiny_checkpoint):
 
 def mine_args(toy, out, *args):
     return [f"--init_from={toy['tiny']}", f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}",
-            f"--out={out}", f"--pool_size={POOL}", f"--num_hard_negatives={K}", "--num_workers=0",
+            f"--table_dir={toy['root'] / 'tables'}", f"--out={out}", f"--pool_size={POOL}", f"--num_hard_negatives={K}",
+            "--num_workers=0",
             f"--max_pixels={MAX_PIXELS}", "--duplicate_threshold=0.999", "--threads=1", *args]
 
 
@@ -105,8 +109,8 @@ def test_mined_file_is_mmE5_layout_and_reads_back(toy, mined):
         pairs = list(zip(ast.literal_eval(record["neg_text"]), ast.literal_eval(record["neg_image_path"])))
         assert positive not in pairs and len(set(pairs)) == K
         assert all(not os.path.isabs(image) for _, image in pairs)  # relative to image_dir
-    rows, reports = data.load_train_rows(mined["out"], toy["images"], num_hard_negatives=K)
-    assert len(rows) == 60 and reports[0].filled == 0 and reports[0].cut == 0
+    rows, reports = read_rows(toy["root"], mined["out"], toy["images"], num_hard_negatives=K)
+    assert len(rows) == 60 and reports[0].filled_and_cut(K) == (0, 0)
     for i, record in enumerate(table):
         assert rows[i]["query"] == side(toy, record["qry"], record["qry_image_path"])
         assert rows[i]["candidates"][1:] == negatives_of(toy, record)
@@ -119,8 +123,8 @@ def test_mined_negatives_are_harder_than_the_random_fill(toy, mined, embedder, t
         for line in f:
             record = json.loads(line)
             g.write(json.dumps({k: v for k, v in record.items() if not k.startswith("neg_")}) + "\n")
-    filled, reports = data.load_train_rows(str(bare), toy["images"], num_hard_negatives=K, seed=0)
-    assert reports[0].filled == 60
+    filled, reports = read_rows(tmp_path, str(bare), toy["images"], num_hard_negatives=K, seed=0)
+    assert reports[0].filled_and_cut(K)[0] == 60
     queries = [side(toy, r["qry"], r["qry_image_path"]) for r in mined["table"] for _ in range(K)]
     mined_cos = cosines(embedder, queries, [n for r in mined["table"] for n in negatives_of(toy, r)]).view(60, K)
     random_cos = cosines(embedder, queries, [n for i in range(60) for n in filled[i]["candidates"][1:]]).view(60, K)
@@ -168,7 +172,7 @@ def plain_transformers(path):
 
 
 def independent_judge_score(toy, query, candidate):
-    """s = softmax(logit_yes, logit_no)[0] for one pair, with plain transformers: the prompt of mine.JudgePrompt's
+    """s = softmax(logit_yes, logit_no)[0] for one pair, with plain transformers: the prompt of judging.JudgePrompt's
     docstring as one string, the image processor's own pixels and transformers' own rotary positions."""
     tokenizer, processor, model = plain_transformers(toy["tiny"])
     texts, pixels, grids = [], [], []
@@ -182,7 +186,7 @@ def independent_judge_score(toy, query, candidate):
             vision = "<|vision_start|>" + "<|image_pad|>" * tokens + "<|vision_end|>"
             text = text.replace(IMAGE_MARKER, vision, 1) if IMAGE_MARKER in text else vision + text
         texts.append(text)
-    prompt = (f"<|im_start|>user\n{mine.JudgePrompt.PROMPT}\nQuery:\n{texts[0]}\nCandidate:\n{texts[1]}<|im_end|>\n"
+    prompt = (f"<|im_start|>user\n{judging.JudgePrompt.PROMPT}\nQuery:\n{texts[0]}\nCandidate:\n{texts[1]}<|im_end|>\n"
               "<|im_start|>assistant\n")
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
@@ -239,22 +243,22 @@ def test_judged_negatives_are_the_refined_sampling_of_the_pool(toy, judged):
 def test_the_answer_starts_where_the_chat_template_says(toy):
     from transformers import Qwen3_5Tokenizer
     tokenizer = Qwen3_5Tokenizer.from_pretrained(toy["tiny"])
-    assert mine.answer_start(tokenizer) == "<|im_start|>assistant\n"  # the tiny tokenizer has no template
+    assert judging.answer_start(tokenizer) == "<|im_start|>assistant\n"  # the tiny tokenizer has no template
     # the generation prompt of Qwen3's template (its other branches left out): an empty think block without thinking
     tokenizer.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
         "<think>\n\n</think>\n\n{% endif %}{% endif %}")
-    assert mine.answer_start(tokenizer) == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert judging.answer_start(tokenizer) == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
 def test_rank_zero_waits_for_the_other_ranks_chunks_and_names_a_stall(tmp_path):
     files = {c: str(tmp_path / f"chunk_{c}.json") for c in range(2)}
     (tmp_path / "chunk_0.json").write_text("{}")
     with pytest.raises(UserError, match="1 chunks missing and none came for"):
-        mine.wait_for_chunks(files, timeout_minutes=0.002, poll_seconds=0.01)
+        judging.wait_for_chunks(files, timeout_minutes=0.002, poll_seconds=0.01)
     (tmp_path / "chunk_1.json").write_text("{}")
-    mine.wait_for_chunks(files, timeout_minutes=0.002, poll_seconds=0.01)  # all there: returns at once
+    judging.wait_for_chunks(files, timeout_minutes=0.002, poll_seconds=0.01)  # all there: returns at once
 
 
 def test_refined_sampling_drops_false_negatives_and_cycles():
@@ -267,7 +271,7 @@ def test_refined_sampling_drops_false_negatives_and_cycles():
 
 def test_an_interrupted_judge_run_resumes(toy, judged, monkeypatch, capsys):
     out = toy["root"] / "resumed"
-    score, calls = mine.Judge.score, []
+    score, calls = judging.Judge.score, []
 
     def dies_at_the_third_chunk(self, *args, **kwargs):
         calls.append(1)
@@ -275,7 +279,7 @@ def test_an_interrupted_judge_run_resumes(toy, judged, monkeypatch, capsys):
             raise KeyboardInterrupt  # as a kill would
         return score(self, *args, **kwargs)
 
-    monkeypatch.setattr(mine.Judge, "score", dies_at_the_third_chunk)
+    monkeypatch.setattr(judging.Judge, "score", dies_at_the_third_chunk)
     with pytest.raises(KeyboardInterrupt):
         run_mine(toy, out, f"--judge_from={toy['tiny']}", "--judge_chunk_rows=16")
     assert len(os.listdir(str(out) + ".judge")) == 2 and not os.path.exists(out / "train")
@@ -285,7 +289,7 @@ def test_an_interrupted_judge_run_resumes(toy, judged, monkeypatch, capsys):
         calls.append(1)
         return score(self, *args, **kwargs)
 
-    monkeypatch.setattr(mine.Judge, "score", counted)
+    monkeypatch.setattr(judging.Judge, "score", counted)
     capsys.readouterr()
     run_mine(toy, out, f"--judge_from={toy['tiny']}", "--judge_chunk_rows=16")
     assert "judge: 2 of 4 chunks already done" in capsys.readouterr().out
@@ -303,11 +307,11 @@ def test_two_gloo_ranks_equal_one_process(toy, judged, tmp_path):
     # each rank embeds and retrieves a strided share and judges every other chunk; rank 0 writes what all found
     out = tmp_path / "ranks"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               os.path.join(ROOT, "mine.py"), *mine_args(toy, out, f"--judge_from={toy['tiny']}", "--judge_chunk_rows=16")]
+               "-m", "tools.mine", *mine_args(toy, out, f"--judge_from={toy['tiny']}", "--judge_chunk_rows=16")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    code, output = run_process(command, timeout=180, env=env)
+    assert code == 0, output[-6000:]
     table = pq.read_table(out / "train" / "train.parquet").to_pylist()
     assert len(os.listdir(str(out) + ".judge")) == 4
     for got, want in zip(table, judged["table"], strict=True):
@@ -331,20 +335,20 @@ def test_mistakes_are_one_line_errors(toy, tmp_path):
                    f"--image_dir={outside}", f"--out={tmp_path / 'y'}", "--num_workers=0", "--threads=1",
                    f"--max_pixels={MAX_PIXELS}", "--pool_size=2", "--num_hard_negatives=1"])
     # from the command line: one line, no traceback
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "mine.py"), f"--init_from={toy['tiny']}",
+    run = subprocess.run([sys.executable, "-m", "tools.mine", f"--init_from={toy['tiny']}",
                           "--train_data=/no/such/rows.jsonl", f"--out={tmp_path / 'z'}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and run.stderr.strip() == "error: train_data: /no/such/rows.jsonl does not exist"
 
 
-def test_judged_rows_carry_their_scores_to_each_querys_own_candidates(toy, judged, tiny_checkpoint):
-    from batching import TrainDataset, collate_train
+def test_judged_rows_carry_their_scores_to_each_querys_own_candidates(toy, judged, tiny_checkpoint, tmp_path):
+    from data import collate_train
     from model import Preprocessor
-    rows, _ = data.load_train_rows(judged["out"], toy["images"], K, judged=True)
+    rows, _ = read_rows(tmp_path, judged["out"], toy["images"], K, judged=True)
     table = pq.read_table(os.path.join(judged["out"], "train", "train.parquet")).to_pylist()
     assert rows[0]["judge"] == [table[0]["pos_judge"]] + ast.literal_eval(table[0]["neg_judge"])  # positive first
     preprocessor = Preprocessor.from_pretrained(tiny_checkpoint, max_pixels=MAX_PIXELS)
-    dataset = TrainDataset(rows, preprocessor)
+    dataset = train_dataset(tmp_path, preprocessor, judged["out"], toy["images"], K, judged=True)
     items = [dataset[i] for i in range(6)]
     batch = collate_train(preprocessor, max_items=4)(items)  # several chunks a side: positions are not the rows' order
     own, scores = batch["own_candidates"], batch["judge_scores"]
@@ -355,8 +359,8 @@ def test_judged_rows_carry_their_scores_to_each_querys_own_candidates(toy, judge
         assert scores[i].tolist() == pytest.approx(rows[row]["judge"])
         for k, side in enumerate(rows[row]["candidates"]):  # each score sits with its own candidate
             assert torch.equal(candidates[own[i, k]], preprocessor(side["text"], side["image"])["input_ids"])
-    with pytest.raises(UserError, match="no judge scores"):
-        data.load_train_rows(toy["train"], toy["images"], K, judged=True)  # the toy's own rows were never judged
+    with pytest.raises(UserError, match=r"60 of 60 rows have no judge scores.*--judge_from"):
+        read_rows(tmp_path, toy["train"], toy["images"], K, judged=True)  # the toy's own rows were never judged
 
 
 def test_unime_v2_training_runs_on_the_judged_rows_and_evaluates(toy, judged, tmp_path):
@@ -365,22 +369,20 @@ def test_unime_v2_training_runs_on_the_judged_rows_and_evaluates(toy, judged, tm
                f"--init_from={toy['tiny']}",
                f"--train_data={judged['out']}", f"--image_dir={toy['images']}", f"--out_dir={out}", "--max_iters=2",
                "--batch_size=8", f"--num_hard_negatives={K}", "--log_interval=1", "--num_workers=0",
-               f"--max_pixels={MAX_PIXELS}", "--checkpoint_interval=2"]
+               f"--max_pixels={MAX_PIXELS}", "--checkpoint_interval=2", f"--table_dir={tmp_path / 'tables'}"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     records = [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
     assert len(records) == 2 and all(r["alignment"] > 0 for r in records)  # eq. (U3) is in the loss
     assert all(r["loss"] == pytest.approx(r["infonce"] + r["alignment"]) for r in records)  # eq. (U4), lambda 1
-    evaluated = subprocess.run([sys.executable, "eval.py", "config/shapes_eval.py", f"--init_from={out}/export",
-                                f"--mmeb_dir={toy['root'] / 'shapes' / 'eval'}", f"--image_dir={toy['images']}",
-                                f"--out={tmp_path / 'unime.json'}", "--datasets=['Shapes-CLS', 'Shapes-T2I']",
-                                "--geometry=False", "--num_workers=0"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert 0 <= json.load(open(tmp_path / "unime.json"))["overall"] <= 100
+    import eval as evaluation
+    evaluated = evaluation.main(["config/shapes_eval.py", f"--init_from={out}/export", f"--image_dir={toy['images']}",
+                                 f"--mmeb_dir={toy['root'] / 'shapes' / 'eval'}", f"--out={tmp_path / 'unime.json'}",
+                                 "--datasets=['Shapes-CLS', 'Shapes-T2I']", "--geometry=False", "--num_workers=0"])
+    assert 0 <= evaluated["overall"] <= 100 and evaluated["similarity"] == "cos"  # UniME-V2 ranks by cosine
 
 
-def test_the_readme_states_the_prompt_the_judge_asks():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    assert mine.JudgePrompt.PROMPT in readme.split("## Hard negatives and UniME-V2")[1]
+def test_the_docs_state_the_prompt_the_judge_asks():
+    page = open(os.path.join(ROOT, "docs", "hard_negatives.md")).read()  # the README's link for UniME-V2
+    assert judging.JudgePrompt.PROMPT in page and "docs/hard_negatives.md" in open(os.path.join(ROOT, "README.md")).read()

@@ -1,5 +1,5 @@
 """
-Tests of mmeb.py and data.read_eval_dataset: the MMEB-eval reader on the official layout, its bad rows, the
+Tests of readers/mmeb.py and readers/evaluation.py: the MMEB-eval reader on the official layout, its bad rows, the
 36-dataset table, and the paper's instructions (Table 5) written into real-looking MMEB rows of every task format.
 
     python -m pytest -q tests/test_mmeb.py
@@ -10,8 +10,9 @@ import pytest
 from PIL import Image
 
 from common import UserError
-from data import load_train_rows, read_eval_dataset
-from mmeb import MMEB_DATASETS, MMEB_TABLE, PAPER_INSTRUCTIONS, Instructions, dataset_of, find_eval_datasets
+from readers.evaluation import find_eval_datasets, read_eval_dataset
+from readers.mmeb import MMEB_DATASETS, MMEB_TABLE, PAPER_INSTRUCTIONS, Instructions, dataset_of
+from tests.rows import read_rows
 
 
 def save_image(path, size=(40, 30)):
@@ -146,9 +147,9 @@ def test_the_dataset_is_read_from_the_path_of_a_training_file_or_an_evaluation_f
     rows = [{"qry": QUERIES["OK-VQA"][0], "qry_image_path": "", "pos_text": "tennis", "pos_image_path": "",
              "neg_text": "['golf']", "neg_image_path": ""}] * 2
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
-    train_rows, reports = load_train_rows(str(folder / "train.parquet"), str(tmp_path), 1, instructions="paper")
+    train_rows, reports = read_rows(tmp_path, str(folder / "train.parquet"), str(tmp_path), 1, instructions="paper")
     assert train_rows[0]["query"]["text"] == QUERIES["OK-VQA"][1]
-    assert reports[0].instructions.counts == {"rewritten": 2}
+    assert reports[0].instructions["counts"] == {"rewritten": 2}
 
 
 def test_evaluation_rows_get_the_paper_instruction(tmp_path):
@@ -159,7 +160,7 @@ def test_evaluation_rows_get_the_paper_instruction(tmp_path):
            "tgt_img_path": ["", ""]}
     write_mmeb(tmp_path / "mmeb", "OK-VQA", [row, row], nested=False)
     rows, report = read_eval_dataset(tmp_path / "mmeb" / "OK-VQA", str(images), instructions="paper")
-    assert rows[0]["query"]["text"] == QUERIES["OK-VQA"][1] and report.instructions.counts == {"rewritten": 2}
+    assert rows[0]["query"]["text"] == QUERIES["OK-VQA"][1] and report.instructions["counts"] == {"rewritten": 2}
     assert read_eval_dataset(tmp_path / "mmeb" / "OK-VQA", str(images))[0][0]["query"]["text"] == QUERIES["OK-VQA"][0]
     write_mmeb(tmp_path / "mmeb", "Single", [dict(row, tgt_text=["tennis"], tgt_img_path=[""])], nested=False)
     with pytest.raises(UserError, match="1 candidates: at least the gold and one other"):  # a free hit otherwise

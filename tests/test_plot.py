@@ -1,253 +1,336 @@
 """
-Tests of plot.py: sizes are predictable (grid_size, sheet_size), colours land where they should, and
-NaN, inf, empty, constant and single-point data draw without error.
+Tests of tools/plot.py, read back through matplotlib's objects: the panels and their lines, scales, marks and
+notes; the geometry panels; the sheet cells' frames, pictures and text; save; and the command line.
 
     python -m pytest -q tests/test_plot.py
 """
+import json
 import math
 import os
+import subprocess
+import sys
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 from PIL import Image
 
-import plot
-import runs
+from common import IMAGE_MARKER, UserError
+from tools import plot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def pixels(image):
-    """image as a (height, width, 3) array."""
-    return np.asarray(image.convert("RGB"))
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
 
 
-def has_colour(image, colour):
-    """Whether some pixel of image is exactly colour."""
-    return bool((pixels(image) == colour).all(axis=-1).any())
+def write_run(folder, records, init_from=None):
+    """A train.py out_dir: log.jsonl of records (a last line cut short, as a run still writing leaves it) and,
+    given init_from, config.json. -> its log path"""
+    folder.mkdir(parents=True)
+    (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 9, "lo')
+    if init_from is not None:
+        (folder / "config.json").write_text(json.dumps({"config": {"init_from": init_from}, "history": []}))
+    return str(folder / "log.jsonl")
 
 
-def curve(label, y):
-    """A series of line_panels: y against steps 0, 1, 2, ..."""
-    return {"label": label, "x": list(range(len(y))), "y": list(y)}
+def panel(figure, title):
+    return next(ax for ax in figure.axes if ax.get_title() == title)
 
 
-def test_ticks_are_round_and_labels_compact():
-    labels = [plot.compact(v) for v in (1.2e-05, 0.35, 120, 20000, 0.1 + 0.2)]
-    assert labels == ["1.2e-05", "0.35", "120", "20000", "0.3"]
-    for low, high in [(0, 1), (0, 1990), (-0.05, 1.05), (1e-6, 1.3e-5), (3.5, 4.5), (0, 28)]:
-        ticks = plot.nice_ticks(low, high)
-        assert 3 <= len(ticks) <= 5 and low <= ticks[0] < ticks[-1] <= high
+def series(ax, label):
+    """The (x, y) data of the line labelled label."""
+    line = next(line for line in ax.get_lines() if line.get_label() == label)
+    return np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
 
 
-@pytest.mark.parametrize("title", ["", "seven panels"])
-def test_line_panels_size_is_grid_size(title):
-    panels = [{"title": f"panel {i}", "series": [curve("a", [1, 2, 3])]} for i in range(7)]
-    image = plot.line_panels(panels, columns=3, panel_size=(200, 150), title=title)
-    assert image.mode == "RGB"
-    assert image.size == plot.grid_size(7, 3, (200, 150), title) == (600, 450 + (plot.TITLE_HEIGHT if title else 0))
+def non_finite_marks(ax):
+    return [line for line in ax.get_lines() if line.get_gid() == "non-finite"]
 
 
-def test_line_panels_draw_each_series_in_its_palette_colour():
-    image = plot.line_panels([{"title": "loss", "series": [curve(str(i), [i, i + 1, i + 3]) for i in range(3)]}])
-    assert all(has_colour(image, colour) for colour in plot.PALETTE[:3])
-    assert not has_colour(image, plot.PALETTE[3])
+def texts(artist):
+    return [t.get_text() for t in artist.texts]
 
 
-@pytest.mark.filterwarnings("error")  # and without numpy warnings about log(0)
-def test_line_panels_survive_bad_data():
-    bad = [curve("nan", [math.nan, math.inf, -math.inf, 1.0]), curve("constant", [2.0] * 3), curve("empty", []),
-           curve("one point", [5.0])]
-    log = [curve("zeros", [0.0, 0.0, -1.0]), curve("lr", [0.0, 1e-5, 2e-5])]
-    image = plot.line_panels([{"title": "bad", "series": bad}, {"title": "log", "series": log, "log_y": True},
-                              {"title": "nothing", "series": []}], panel_size=(300, 200))
-    assert has_colour(image.crop((0, 0, 300, 200)), plot.PALETTE[1])  # the constant series is still drawn
+def dashed(ax):
+    """The x of the panel's dashed vertical lines."""
+    return [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
 
 
-def test_a_mark_draws_a_dashed_line_at_its_step():
-    panel, (width, height), (left, top, right, bottom) = {"series": [curve("a", [0.0] * 101)]}, (400, 300), plot.MARGINS
-    plain = pixels(plot.line_panels([panel], columns=1, panel_size=(width, height)))
-    marked = pixels(plot.line_panels([dict(panel, marks=[(25, "Stage II")])], columns=1, panel_size=(width, height)))
+# -----------------------------------------------------------------------------
+# training curves
 
-    def dark_rows(a, x):  # rows of the plot area with a dark pixel within a pixel of column x
-        band = a[top + 20:height - bottom - 20, x - 1:x + 2].astype(int).sum(axis=-1)
-        return int((band < 3 * 200).any(axis=1).sum())
-    column = round(left + 0.25 * (width - left - right))  # steps 0..100 span the plot area's width exactly
-    assert dark_rows(marked, column) > 0.4 * (height - top - bottom - 40)
-    assert dark_rows(plain, column) < 5 and dark_rows(marked, column + 30) < 5
-
-
-def test_scatter_colour_bar_only_when_coloured_and_bad_data():
-    assert plot.ramp(-1) == plot.ramp(0) != plot.ramp(1) == plot.ramp(2)
-    assert plot.ramp(0)[2] > plot.ramp(0)[0] and plot.ramp(1)[0] > plot.ramp(1)[2]  # blue low, red high
-    coloured = plot.scatter([0, 1, 2], [1, 0, 2], colour=[0.5] * 3, size=(300, 260))
-    assert coloured.size == (300, 260)
-    assert has_colour(coloured, plot.ramp(0)) and has_colour(coloured, plot.ramp(1))  # the bar's two ends
-    single = plot.scatter([0, 1, 2], [1, 0, 2])
-    assert single.size == (420, 380) and has_colour(single, plot.PALETTE[0])
-    assert not has_colour(single, plot.ramp(0)) and not has_colour(single, plot.ramp(1))  # no bar
-    assert plot.scatter([], [], colour=[], equal_axes=True).size == plot.scatter([1, 1], [2, 2], equal_axes=True).size
-    bad = plot.scatter([math.nan, 1, 2, 3], [0, math.inf, 3, 4], colour=[0.1, 0.2, math.nan, 1.0],
-                       marker=["circle", "triangle", "triangle", "triangle"])
-    assert has_colour(bad.crop((0, 0, bad.width - 50, bad.height)), plot.ramp(1))  # the one finite point
+def test_one_panel_per_curve_each_series_against_step(tmp_path):
+    keys = [key for _, keys, _ in plot.CURVES for key in keys]
+    records = [{"step": s, **{key: 0.1 * s + i for i, key in enumerate(keys)}} for s in range(1, 21)]
+    figure = plot.training_curves([write_run(tmp_path / "run", records)], title="shapes")
+    assert len(figure.axes) == len(plot.CURVES) == 7 and figure.get_suptitle() == "shapes"
+    for ax, (title, keys, log_y) in zip(figure.axes, plot.CURVES):
+        assert ax.get_title() == title and ax.get_yscale() == ("log" if log_y else "linear")
+        assert [line.get_label() for line in ax.get_lines()] == keys
+        for key in keys:
+            x, y = series(ax, key)
+            assert list(x) == list(range(1, 21)) and list(y) == [r[key] for r in records]
+        assert (ax.get_legend() is not None) == (len(keys) > 1)
+        assert not non_finite_marks(ax) and not dashed(ax)
 
 
-def test_scatter_draws_points_in_a_shuffled_order():
-    x, colour = [i for i in range(40) for _ in range(2)], [0.0, 1.0] * 40  # each place: a 0 point, then a 1 point
-    image = plot.scatter(x, [0.0] * 80, colour=colour)
-    points = image.crop((0, 0, image.width - 50, image.height))  # without the colour bar
-    assert has_colour(points, plot.ramp(0)) and has_colour(points, plot.ramp(1))  # neither is always on top
+def test_stage_two_continues_where_it_branched_off(tmp_path):
+    first = write_run(tmp_path / "stage1", [{"step": s, "loss": 1.0 / s} for s in range(1, 151)], "backbone")
+    second = write_run(tmp_path / "stage2", [{"step": s, "loss": 1.0} for s in range(1, 51)],
+                       "out/stage1/step_000100")
+    assert plot.started_from(second, first) == 100 and plot.started_from(first, second) is None
+    records, marks = plot.curve_records([first, second])
+    assert [r["step"] for r in records] == list(range(1, 151)) and marks == [(100, "stage2")]
+    assert records[99]["loss"] == 1.0 / 100 and records[100]["loss"] == 1.0  # Stage II's step 1 at step 101
+    figure = plot.training_curves([first, second])
+    assert figure.get_suptitle() == f"{first} + {second}"
+    for ax in figure.axes:
+        assert dashed(ax) == [100] and any("stage2" in t for t in texts(ax))
+    x, y = series(panel(figure, "loss (eq. 7)"), "loss")
+    assert list(x) == list(range(1, 151)) and y[99] == 1.0 / 100 and y[100] == 1.0
 
 
-def test_equal_axes_put_the_diagonal_at_45_degrees():
-    def offset(image):  # pixels from the (0, 0) point to the (1, 1) point, rightwards and upwards
-        ys, xs = np.nonzero((pixels(image) == plot.PALETTE[0]).all(axis=-1))
-        right = xs > xs.mean()
-        return xs[right].mean() - xs[~right].mean(), ys[~right].mean() - ys[right].mean()
-    dx, dy = offset(plot.scatter([0.0, 1.0], [0.0, 1.0], size=(420, 300), equal_axes=True))
-    assert dx > 100 and abs(dx - dy) <= 1
-    dx, dy = offset(plot.scatter([0.0, 1.0], [0.0, 1.0], size=(420, 300)))
-    assert dx - dy > 50  # without it each axis fills the plot area
+def test_a_run_without_init_from_continues_after_the_last_step(tmp_path):
+    first = write_run(tmp_path / "a", [{"step": s, "loss": 1.0} for s in range(1, 11)])
+    second = write_run(tmp_path / "b", [{"step": s, "loss": 2.0} for s in range(1, 6)])
+    assert plot.curve_records([first, second])[1] == [(10, "b")]
+    x, _ = series(panel(plot.training_curves([first, second]), "loss (eq. 7)"), "loss")
+    assert list(x) == list(range(1, 16))
 
 
-def test_scatter_note_is_written_in_a_top_corner():
-    plain, noted = pixels(plot.scatter([0, 1], [0, 1])), pixels(plot.scatter([0, 1], [0, 1], note="r = -0.78"))
-    ys, xs = np.nonzero((plain != noted).any(axis=-1))
-    assert len(ys) > 20 and ys.max() < 60 and xs.max() < 210
+@pytest.mark.filterwarnings("error")  # and no numpy or matplotlib warning on NaN, inf, log(0) or empty data
+def test_nan_and_inf_break_the_line_and_are_marked_none_is_a_gap(tmp_path):
+    losses = [1.0, 0.9, 0.8, math.nan, math.inf, 0.5, 0.4, 0.3, 0.2, 0.1]
+    records = [{"step": s, "loss": v, "pos_prob": 0.5 if s % 3 == 0 else None,
+                "grad_norm": -math.inf if s == 7 else 1.0,
+                "lr": [0.0, -1.0, 1e-5, 2e-5][s % 4]} for s, v in zip(range(1, 11), losses)]
+    figure = plot.training_curves([write_run(tmp_path / "run", records)])
+    loss = panel(figure, "loss (eq. 7)")
+    x, y = series(loss, "loss")
+    assert list(np.isfinite(y)) == [True] * 3 + [False] * 2 + [True] * 5  # nothing drawn across steps 4 and 5
+    [mark] = non_finite_marks(loss)
+    assert list(mark.get_xdata()) == [4, 5] and mark.get_color() == plot.RED and mark.get_marker() == "x"
+    assert all(v > 0.9 for v in mark.get_ydata()) and "x: 2 non-finite" in texts(loss)  # at the top of the panel
+    assert list(non_finite_marks(panel(figure, "gradient norm"))[0].get_xdata()) == [7]
+    probability = panel(figure, "positive's probability")
+    assert not non_finite_marks(probability)  # an absent value is a gap, no non-finite one
+    _, y = series(probability, "pos_prob")
+    assert list(np.flatnonzero(np.isfinite(y))) == [2, 5, 8]
+    line = probability.get_lines()[0]
+    assert line.get_marker() == "." and list(line.get_markevery()) == [2, 5, 8]  # lone points still show
+    lr = panel(figure, "learning rate")
+    assert lr.get_yscale() == "log" and not non_finite_marks(lr)
+    _, y = series(lr, "lr")
+    assert list(np.isfinite(y)) == [False, True, True, False] * 2 + [False, True]  # 0 and -1 left out, not marked
+    cosine = panel(figure, "cosine")  # no value at all: it draws, on the same step axis
+    assert cosine.get_lines()[0].get_marker() == "None" and cosine.get_xlim() == loss.get_xlim()
 
 
-def test_histogram_colours_densities_and_degenerate_groups():
-    groups = [{"label": "PACE", "values": np.random.default_rng(0).normal(0.1, 0.1, 500)},
-              {"label": "dot", "values": [0.4] * 20 + [math.nan, math.inf]}]
-    image = plot.histogram(groups, size=(400, 280), title="cosine")
-    assert image.size == (400, 280) and not has_colour(image, plot.PALETTE[2])
-    assert has_colour(image, plot.PALETTE[0]) and has_colour(image, plot.PALETTE[1])
-    for degenerate in ([{"label": "same", "values": [0.3] * 5}], [{"label": "empty", "values": []}], []):
-        assert plot.histogram(degenerate).size == (420, 300)
-    assert plot.histogram(groups, value_range=(0.2, 0.2)).size == (420, 300)
-    small, large = (plot.histogram([{"label": "a", "values": [0.2, 0.4] * n}], value_range=(0, 1)) for n in (5, 500))
-    assert (pixels(small) == pixels(large)).all()  # densities, not counts: the group's size does not show
+def test_a_spread_within_rounding_draws_flat(tmp_path):
+    records = [{"step": s, "query_norm": 8.0 + (s % 2) * 1e-7, "candidate_norm": 8.0, "loss": 1.0 + s % 2,
+                "lr": 2e-5 * (1 + (s % 2) * 1e-9)} for s in range(1, 21)]
+    figure = plot.training_curves([write_run(tmp_path / "run", records)])
+    low, high = panel(figure, "embedding norms").get_ylim()
+    assert low == pytest.approx(7.2) and high == pytest.approx(8.8)  # norms that are all 8: no zig-zag on noise
+    low, high = panel(figure, "learning rate").get_ylim()
+    assert high / low >= 4  # on a log scale too
+    low, high = panel(figure, "loss (eq. 7)").get_ylim()
+    assert 0.8 < low < 1.0 and 2.0 < high < 2.2  # a real spread fills the panel
 
 
-def result(gold=False, image=None):
-    """A result of retrieval_sheet, with text long enough to be cut."""
-    return {"text": "a candidate " * 30, "image": image, "score": 1.5, "gold": gold}
+# -----------------------------------------------------------------------------
+# geometry
+
+def numbers(all_equal=False, n=50):
+    rng = np.random.default_rng(0)
+    return {"random_pair_cos": list(rng.uniform(-0.5, 0.9, n)) + [math.nan], "random_pair_mean_cos": 0.1234,
+            "num_random_pairs": n * n, "all_norms_equal": all_equal,
+            "query_norm": {"mean": 8.0, "std": 0.0, "min": 8.0, "max": 8.0},
+            "norm_cos_pearson_r": None if all_equal else -0.78,
+            "pairs": {"standardised_log_norm_product": [0.0] * n if all_equal else list(rng.normal(size=n)),
+                      "cos_positive": list(rng.uniform(0, 1, n))},
+            "pca": {"x": list(rng.normal(size=2 * n)), "y": list(0.1 * rng.normal(size=2 * n)),
+                    "norm_percentile": None if all_equal else list(np.linspace(0, 1, 2 * n)),
+                    "is_query": [i < n for i in range(2 * n)]},
+            "pca_explained_variance": [0.4567, 0.1234],
+            "norm_from_direction_r2": {"2": None, "10": None} if all_equal else {"2": 0.91, "10": None}}
 
 
-def test_retrieval_sheet_layout_frames_and_images(tmp_path):
-    blue = tmp_path / "blue.png"
+def test_geometry_draws_the_histogram_the_pairs_and_the_pca():
+    figure = plot.geometry(numbers(), title="shapes")
+    histogram, pairs, pca, bar = figure.axes  # the fourth: the PCA's colour bar
+    assert figure.get_suptitle() == "shapes" and bar.get_ylabel() == "norm percentile"
+    assert histogram.get_xlim() == (-1, 1) and "0.123" in histogram.get_title() and "2,500" in histogram.get_title()
+    assert [t.get_text() for t in histogram.get_legend().get_texts()] == ["50 drawn pairs"]  # the NaN left out
+    [outline] = histogram.patches
+    edges, heights = outline.get_xy()[:, 0], outline.get_xy()[:, 1]
+    assert edges.min() == -1 and edges.max() == 1 and np.sum(heights[1:-1:2] * 2 / 40) == pytest.approx(1)  # density
+    [points] = pairs.collections
+    assert np.allclose(points.get_offsets(), np.column_stack([numbers()["pairs"]["standardised_log_norm_product"],
+                                                              numbers()["pairs"]["cos_positive"]]))
+    assert "r = -0.78" in texts(pairs)
+    assert pca.get_aspect() == 1.0 and pca.get_xlabel() == "PC1 46%" and pca.get_ylabel() == "PC2 12%"
+    assert "0.91 (k=2)" in pca.get_title() and "- (k=10)" in pca.get_title()
+    [points] = pca.collections
+    offsets, colours = np.asarray(points.get_offsets()), np.asarray(points.get_array())
+    x, percentile = numbers()["pca"]["x"], numbers()["pca"]["norm_percentile"]
+    order = [x.index(v) for v in offsets[:, 0]]  # which embedding each drawn point is
+    assert sorted(order) == list(range(100)) and order != list(range(100))  # all, shuffled: no kind always on top
+    assert np.allclose(colours, np.array(percentile)[order])
+    circle, triangle = (len(plot.marker_path(m).vertices) for m in ("o", "^"))
+    assert circle != triangle
+    assert [len(path.vertices) for path in points.get_paths()] == [circle if i < 50 else triangle for i in order]
+
+
+def test_geometry_with_equal_norms_says_so_and_draws_no_noise():
+    figure = plot.geometry(numbers(all_equal=True))
+    assert len(figure.axes) == 3  # no colour bar
+    _, pairs, pca = figure.axes
+    assert not pairs.collections and "all norms 8.00: no norm to standardise" in texts(pairs)
+    assert "all norms 8.00" in texts(pca) and pca.collections[0].get_array() is None  # one colour
+    assert "- (k=2)" in pca.get_title()
+
+
+# -----------------------------------------------------------------------------
+# retrieval sheets
+
+def result(gold=None, image=None, text="a candidate " * 30):
+    """A sheet result; gold None: no "gold" key (an unjudged search)."""
+    return {"text": text, "image": image, "score": 1.5, **({} if gold is None else {"gold": gold})}
+
+
+def cells(figure):
+    """{axes label: axes} of a sheet's cells."""
+    return {ax.get_label(): ax for ax in figure.axes}
+
+
+def frame(ax):
+    spine = ax.spines["left"]
+    return spine.get_edgecolor(), spine.get_linewidth()
+
+
+def test_retrieval_sheet_frames_the_gold_green_and_a_wrong_first_red():
+    rows = [{"query": {"text": "first", "image": None}, "results": [result(False), result(True), result(False)]},
+            {"query": {"text": "second", "image": None}, "results": [result(True), result(False), result(False)]},
+            {"query": {"text": "third", "image": None}, "results": [result(False)] * 3},
+            {"query": {"text": "fourth", "image": None}, "results": [result(), result()]}]
+    figure = plot.retrieval_sheet(rows, title="Shapes: top 3")
+    cell = cells(figure)
+    assert len(figure.axes) == 4 + 3 + 3 + 3 + 2 and figure.get_suptitle() == "Shapes: top 3"
+    green, red = to_rgba(plot.GREEN), to_rgba(plot.RED)
+    assert frame(cell["query 0 #2"])[0] == green and frame(cell["query 1 #1"])[0] == green
+    assert frame(cell["query 0 #1"])[0] == red and frame(cell["query 2 #1"])[0] == red
+    plain = [frame(cell[name])[0] for name in ("query 0 #3", "query 1 #2", "query 3 #1", "query 3 #2", "query 0")]
+    assert not {green, red} & set(plain)  # and an unjudged row (no "gold" keys) frames nothing
+    assert frame(cell["query 0 #2"])[1] > frame(cell["query 0 #3"])[1]
+    assert "gold not in top 3" in texts(cell["query 2"])
+    assert not any("gold not" in t for name in ("query 0", "query 1", "query 3") for t in texts(cell[name]))
+    assert "#2  1.50" in texts(cell["query 0 #2"])
+    top = max(ax.get_position().y1 for ax in figure.axes)
+    assert cell["query 0"].get_position().y1 == top and cell["query 0 #3"].get_position().x0 > 0.7  # rank order
+
+
+def test_sheet_cells_show_upright_rgb_images_and_text_without_the_marker(tmp_path):
+    blue, turned, broken = tmp_path / "blue.png", tmp_path / "turned.jpg", tmp_path / "broken.png"
     Image.new("RGB", (40, 80), (0, 0, 255)).save(blue)
-    rows = [{"query": {"text": "first", "image": Image.new("RGB", (300, 100), (255, 255, 0))},
-             "results": [result(), result(True, str(blue)), result(image=str(tmp_path / "missing.png"))]},
-            {"query": {"text": "second", "image": None}, "results": [result(True), result(), result()]},
-            {"query": {"text": "third", "image": str(blue)}, "results": [result(), result(), result()]}]
-    image = plot.retrieval_sheet(rows, thumb=64, text_width=160, title="sheet")
-    width, height = plot.cell_size(64, 160)
-    assert image.size == plot.sheet_size(3, 3, 64, 160, "sheet") == (4 * width, 3 * height + plot.TITLE_HEIGHT)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # the camera was held on its side: a viewer turns the 80 x 40 pixels to 40 x 80
+    Image.new("L", (80, 40), 0).save(turned, exif=exif)
+    broken.write_bytes(b"not a png")
+    rows = [{"query": {"text": f"{IMAGE_MARKER}\nfind this", "image": Image.new("RGBA", (90, 30), (255, 255, 0, 255))},
+             "results": [result(True, str(blue)), result(False, str(turned)), result(False, str(broken)),
+                         result(False, str(tmp_path / "missing.png"), text=f"word{IMAGE_MARKER}")]}]
+    cell = cells(plot.retrieval_sheet(rows))
+    query = cell["query 0"].get_images()[0].get_array()
+    assert query.shape[2] == 3 and (query == (255, 255, 0)).all(-1).any()  # a PIL image, RGB
+    assert (cell["query 0 #1"].get_images()[0].get_array() == (0, 0, 255)).all(-1).any()  # a path
+    picture = np.asarray(cell["query 0 #2"].get_images()[0].get_array())
+    middle = picture.shape[0] // 2
+    assert (picture[middle, :5] > 225).all() and (picture[:5, middle] < 30).all()  # upright: tall, white beside it
+    for name in ("query 0 #3", "query 0 #4"):  # unreadable, missing: a grey box, no exception
+        assert not cell[name].get_images() and "unreadable" in texts(cell[name])
+        assert cell[name].patches[0].get_facecolor() == to_rgba(plot.GREY)
+    assert "find this" in texts(cell["query 0"])
+    assert not any(IMAGE_MARKER in t for ax in cell.values() for t in texts(ax))
+    assert "word" in texts(cell["query 0 #4"])
+    body = texts(cell["query 0 #1"])[-1].split("\n")  # 30 candidates: cut to the cell
+    assert len(body) == plot.TEXT_LINES - 1 and body[-1].endswith("...")
+    assert all(len(line) <= plot.TEXT_CHARS for line in body)
+    assert plot.wrap("x" * 50, 20, 3) == "x" * 20 + "\n" + "x" * 20 + "\n" + "x" * 10  # a long word is broken
 
-    def cell(row, column):  # the pixels of one cell
-        top = plot.TITLE_HEIGHT + row * height
-        return pixels(image)[top:top + height, column * width:(column + 1) * width]
 
-    def frame(row, column):  # a pixel on the left side of a cell's frame
-        return tuple(cell(row, column)[height // 2, 2])
-
-    def reddish(a):  # the red "gold not in top 3" note
-        return bool(((a[..., 0] > 150) & (a[..., 1] < 100) & (a[..., 2] < 100)).any())
-
-    assert frame(0, 2) == plot.GREEN and frame(1, 1) == plot.GREEN  # the gold
-    assert frame(0, 1) == plot.RED and frame(2, 1) == plot.RED  # a wrong first result is a miss
-    assert frame(1, 2) not in (plot.GREEN, plot.RED) and frame(0, 3) not in (plot.GREEN, plot.RED)
-    assert (cell(0, 0) == (255, 255, 0)).all(-1).any() and (cell(0, 2) == (0, 0, 255)).all(-1).any()  # PIL, path
-    assert tuple(cell(0, 3)[plot.PAD + 2, plot.PAD + 2]) == plot.GREY  # the unreadable path is a grey box
-    assert reddish(cell(2, 0)) and not reddish(cell(0, 0)) and not reddish(cell(1, 0))
+def test_an_empty_sheet_draws():
+    assert not plot.retrieval_sheet([]).axes
 
 
-def test_grid_puts_each_image_in_its_cell():
-    colours = [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
-    images = [Image.new("RGB", (50 + 10 * i, 40), colour) for i, colour in enumerate(colours)]
-    sheet = plot.grid(images, columns=2, titles=["a", "b", "c"], title="models")
-    size = (70, 40 + plot.TITLE_HEIGHT)  # the largest image with its title above it
-    assert sheet.size == plot.grid_size(3, 2, size, "models") == (140, 2 * size[1] + plot.TITLE_HEIGHT)
-    for i, (image, colour) in enumerate(zip(images, colours)):
-        left, top = i % 2 * size[0], plot.TITLE_HEIGHT + i // 2 * size[1]
-        below_title = pixels(sheet.crop((left, top + plot.TITLE_HEIGHT, left + size[0], top + size[1])))
-        assert (below_title == colour).all(axis=-1).sum() == image.width * image.height  # all of it, in its cell
-
+# -----------------------------------------------------------------------------
+# save and the command line
 
 def test_save_writes_a_whole_png_and_no_temporary_file(tmp_path):
-    image = plot.scatter([0, 1], [0, 1], size=(200, 150))
-    path = tmp_path / "figures" / "new" / "scatter.png"
-    assert plot.save(image, path) == str(path)
+    figure = plot.retrieval_sheet([{"query": {"text": "q", "image": None}, "results": [result(True)]}])
+    path = tmp_path / "figures" / "new" / "sheet.png"
+    assert plot.save(figure, path) == str(path)
     with Image.open(path) as reopened:
-        assert reopened.format == "PNG" and reopened.size == (200, 150)
-        assert (pixels(reopened) == pixels(image)).all()
-    assert [p.name for p in path.parent.iterdir()] == ["scatter.png"]
+        reopened.load()
+        assert reopened.format == "PNG" and reopened.size == (round(2 * plot.CELL[0] * 100), round(plot.CELL[1] * 100))
+    assert [p.name for p in path.parent.iterdir()] == ["sheet.png"]
+    assert not plt.fignum_exists(figure.number)  # closed
 
 
-def test_a_sheet_without_gold_keys_judges_nothing():
-    red_in = lambda image: any(pixel == plot.RED for pixel in image.getdata())  # noqa: E731
-    unjudged = plot.retrieval_sheet([{"query": {"text": "q", "image": None},
-                                      "results": [{"text": "a", "image": None, "score": 1.0}]}])
-    judged = plot.retrieval_sheet([{"query": {"text": "q", "image": None},
-                                    "results": [{"text": "a", "image": None, "score": 1.0, "gold": False}]}])
-    assert not red_in(unjudged) and red_in(judged)  # a wrong #1 is red only when there is a gold to miss
+def test_the_command_line_draws_curves_of_run_folders(tmp_path, capsys):
+    write_run(tmp_path / "stage1", [{"step": s, "loss": 1.0 / s} for s in range(1, 11)])
+    write_run(tmp_path / "stage2", [{"step": s, "loss": 0.1} for s in range(1, 4)],
+              str(tmp_path / "stage1" / "step_000005"))
+    write_run(tmp_path / "empty", [])  # its one line cut short: no step yet
+    folders = [str(tmp_path / "stage1"), str(tmp_path / "stage2")]
+    assert plot.main([*folders, f"--out={tmp_path / 'x.png'}"]) == [str(tmp_path / "x.png")]
+    assert capsys.readouterr().out == f"drew {tmp_path / 'x.png'}\n"
+    default = str(tmp_path / "curves_stage1+empty.png")  # beside the runs: --out= was not kept from the last call
+    assert plot.main([folders[0], str(tmp_path / "empty")]) == [default]
+    said = capsys.readouterr().out
+    assert f"warning: {tmp_path / 'empty' / 'log.jsonl'} holds no step yet" in said and f"drew {default}\n" in said
+    for path in (default, tmp_path / "x.png"):
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size == (1600, 640)
 
 
-def test_stage_two_curves_start_where_stage_two_branched_off(tmp_path):
-    import json
-    for name, steps, init_from in (("stage1", range(1, 151), "backbone"), ("stage2", range(1, 51), "out/stage1/step_000100")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in steps)
-                                                   + '{"step": 51, "lo')  # a line still being written
-        (tmp_path / name / "config.json").write_text(json.dumps({"init_from": init_from}))
-    assert runs.started_from(str(tmp_path / "stage2" / "log.jsonl"), str(tmp_path / "stage1" / "log.jsonl")) == 100
-    assert runs.started_from(str(tmp_path / "stage1" / "log.jsonl"), str(tmp_path / "stage2" / "log.jsonl")) is None
-    logs = [str(tmp_path / "stage1" / "log.jsonl"), str(tmp_path / "stage2" / "log.jsonl")]
-    records, marks = runs.curve_records(logs)
-    assert [r["step"] for r in records] == list(range(1, 151)) and marks == [(100, "stage2")]
-    assert records[100]["loss"] == 1.0 and records[99]["loss"] == 1.0 / 100  # Stage II's step 1 at step 101
-    image = plot.training_curves(logs)
-    assert image.size == plot.grid_size(len(plot.CURVES), 4, (360, 240), "x")
+def test_the_command_line_draws_the_sheets_of_an_eval_json(tmp_path, capsys):
+    sheet = [{"query": {"text": "q", "image": None}, "results": [result(True), result(False)]}]
+    output = {"datasets": {"Shapes-CLS": {"precision_at_1": 50.0, "sheet": sheet},
+                           "Shapes-VQA": {"precision_at_1": 1.0}},  # no sheet: none drawn
+              "others": {"datasets": {"Toy-T2I": {"sheet": sheet * 2}}}}
+    (tmp_path / "eval.json").write_text(json.dumps(output))
+    drawn = plot.main([str(tmp_path / "eval.json")])
+    assert drawn == [str(tmp_path / "eval_sheet_Shapes-CLS.png"), str(tmp_path / "eval_sheet_Toy-T2I.png")]
+    assert capsys.readouterr().out.split("\n")[:2] == [f"drew {path}" for path in drawn]
+    assert all(os.path.isfile(path) for path in drawn)
+    (tmp_path / "nosheet.json").write_text(json.dumps({"datasets": {"Shapes-CLS": {"precision_at_1": 50.0}}}))
+    with pytest.raises(UserError, match="--sheet_queries=N") as error:
+        plot.main([str(tmp_path / "nosheet.json")])
+    assert "nosheet.json" in str(error.value)
 
 
-def test_non_finite_values_break_the_curve_and_are_marked():
-    steps = list(range(1, 11))
-    losses = [1.0, 0.9, 0.8, math.nan, math.inf, 0.5, 0.4, 0.3, 0.2, 0.1]
-    panel = {"title": "loss", "series": [{"label": "loss", "x": steps, "y": losses}]}
-    assert [len(s) for s in plot.segments(steps, losses)] == [3, 5]  # two runs, nothing drawn across the gap
-    assert plot.non_finite_steps(steps, losses) == [4.0, 5.0]
-    assert plot.non_finite_steps(steps, [None] * 10) == []  # an absent value is no non-finite one
-    image = plot.line_panels([panel], columns=1)
-    assert plot.RED in set(image.getdata())  # the red x marks
-    clean = plot.line_panels([{"title": "loss", "series": [{"label": "loss", "x": steps, "y": [1.0] * 10}]}], columns=1)
-    assert plot.RED not in set(clean.getdata())
-
-
-def test_a_spread_within_rounding_draws_flat():
-    low, high = plot.padded_range(np.array([8.0, 8.0000005, 7.9999995]))
-    assert low == pytest.approx(7.2) and high == pytest.approx(8.8)  # norms that are all 8: no zig-zag on noise
-    assert plot.padded_range(np.array([1.0, 2.0])) == pytest.approx((0.95, 2.05))
-
-
-def test_the_command_line_says_what_it_drew_and_what_is_wrong(tmp_path):
-    import json
-    import subprocess
-    import sys
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "log.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 5)))
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "log.jsonl").write_text("")
+def test_the_command_line_names_what_is_wrong_in_one_line(tmp_path, capsys):
     (tmp_path / "nolog").mkdir()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    plot_py = lambda *args: subprocess.run([sys.executable, os.path.join(root, "plot.py"), *map(str, args)],  # noqa: E731
-                                           capture_output=True, text=True, timeout=60)
-    done = plot_py(run_dir)
-    assert done.returncode == 0 and done.stdout.strip() == f"drew {tmp_path / 'curves_run.png'}"
-    assert not (run_dir / "curves.png").exists()  # training's own picture is never overwritten
-    assert plot_py(run_dir, f"--out={tmp_path / 'x.png'}").stdout.strip() == f"drew {tmp_path / 'x.png'}"
-    for args, message in (([tmp_path / "missing"], "no such folder"), ([tmp_path / "nolog"], "no log.jsonl in it"),
-                          ([tmp_path / "empty"], "nothing to draw: every log.jsonl is empty"), ([], "usage:")):
-        run = plot_py(*args)
-        assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
-    both = plot_py(run_dir, tmp_path / "empty")
-    assert both.returncode == 0 and "holds no step yet" in both.stdout
+    write_run(tmp_path / "empty", [])
+    (tmp_path / "bad.json").write_text("{")
+    for args, message in (([tmp_path / "missing"], f"{tmp_path / 'missing'}: no such folder"),
+                          ([tmp_path / "nolog"], f"{tmp_path / 'nolog'}: no log.jsonl in it"),
+                          ([tmp_path / "empty"], "nothing to draw: every log.jsonl is empty"),
+                          ([tmp_path / "bad.json"], f"{tmp_path / 'bad.json'}: not JSON"),
+                          ([tmp_path / "gone.json"], f"{tmp_path / 'gone.json'}: cannot read it"),
+                          ([], "name run folders"), (["--outt=x.png"], "--outt=x.png: unknown config key 'outt'")):
+        with pytest.raises(UserError) as error:
+            plot.main([str(a) for a in args])
+        assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    with pytest.raises(SystemExit) as done:
+        plot.main(["--help"])
+    assert done.value.code == 0 and "paths = []" in capsys.readouterr().out
+    run = subprocess.run([sys.executable, "-m", "tools.plot", str(tmp_path / "missing")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stderr == f"error: {tmp_path / 'missing'}: no such folder\n"

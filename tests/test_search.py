@@ -1,5 +1,5 @@
 """
-Tests of search.py on a toy export trained here (two steps of Stage I through train.py): an item found top-1 by
+Tests of tools/search.py on the search_toy export of the suite's straight run (conftest.py): an item found top-1 by
 its own text and by its own image, what the vectors file holds, scores by the checkpoint's similarity, a step
 folder as init_from, the retrieval sheet, and the errors, each naming the file or folder at fault.
 
@@ -19,13 +19,13 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import checkpoint
-import mmeb
-import plot
-import search
-from checkpoint import load_embedder
 from common import UserError
-from shapes.prepare import prepare
+from readers.records import IMAGE_SUFFIXES
+from runs.checkpoint import fingerprint
+from runs.export import load_embedder
+from tools import plot, search
+
+pytestmark = pytest.mark.slow  # on the suite's straight run of train.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,20 +34,13 @@ CAPTIONS = ["a large red circle at the top left", "", "a small blue square at th
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory, tiny_checkpoint):
-    """A two-step Stage I run on the toy benchmark (its step folder and export), a gallery of its images in two
-    folders (one a JPEG, beside a file that is no image and a macOS ._ file) and a caption file."""
-    root = tmp_path_factory.mktemp("search")
-    paths = prepare(str(root / "shapes"), seed=0, num_train=50, num_eval=10)
-    command = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "config", "shapes_stage1.py"),
-               f"--init_from={tiny_checkpoint}", f"--train_data={[paths['train']]!r}", f"--image_dir={paths['images']}",
-               f"--out_dir={root / 'run'}", "--max_iters=2", "--checkpoint_interval=2", "--batch_size=8",
-               "--num_hard_negatives=2", "--num_workers=0", "--max_pixels=4096"]
-    run = subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+def search_toy(tmp_path_factory, straight):
+    """The straight run's step folder and export (four steps of Stage I on the search_toy, conftest.py), a gallery of the
+    search_toy's images in two folders (one a JPEG, beside a file that is no image and a macOS ._ file), a caption file."""
+    root, run = tmp_path_factory.mktemp("search"), straight[0]
+    images = json.load(open(os.path.join(run, "config.json")))["config"]["image_dir"]
     gallery = root / "gallery"
-    shutil.copytree(os.path.join(paths["images"], "Shapes-T2I"), gallery)
+    shutil.copytree(os.path.join(images, "Shapes-T2I"), gallery)
     os.makedirs(gallery / "more")
     for name in ("00007.png", "00008.png"):
         os.replace(gallery / name, gallery / "more" / name)
@@ -57,11 +50,11 @@ def toy(tmp_path_factory, tiny_checkpoint):
     (gallery / "notes.txt").write_text("not an image\n")
     (gallery / "more" / "._00009.jpg").write_bytes(b"\x00\x05\x16\x07")  # AppleDouble junk: never an image
     (root / "captions.txt").write_text("\n".join(CAPTIONS) + "\n")
-    return {"export": str(root / "run" / "export"), "step": str(root / "run" / "step_000002"),
+    return {"export": os.path.join(run, "export"), "step": os.path.join(run, "step_000004"),
             "gallery": str(gallery), "captions": str(root / "captions.txt"), "root": root}
 
 
-IDS = [f"0000{k}.png" for k in range(7)] + ["more/00007.png", "more/00008.png", "more/00009.jpg",
+IDS = [f"0000{k}.png" for k in range(7)] + ["00010.png", "00011.png", "more/00007.png", "more/00008.png", "more/00009.jpg",
                                             "captions.txt:1", "captions.txt:3", "captions.txt:4"]
 
 
@@ -71,21 +64,21 @@ def search_main(init_from, vectors, *args):
 
 
 @pytest.fixture(scope="module")
-def indexed(toy):
+def indexed(search_toy):
     """Index the gallery and the captions, and query one caption, in one command. -> (vectors path, result)"""
-    vectors = str(toy["root"] / "gallery.safetensors")
-    result = search_main(toy["export"], vectors, f"--index_images={toy['gallery']}",
-                         f"--index_text={toy['captions']}", f"--query_text={CAPTIONS[2]}", "--top_k=3")
+    vectors = str(search_toy["root"] / "gallery.safetensors")
+    result = search_main(search_toy["export"], vectors, f"--index_images={search_toy['gallery']}",
+                         f"--index_text={search_toy['captions']}", f"--query_text={CAPTIONS[2]}", "--top_k=3")
     return vectors, result
 
 
-def test_an_item_is_found_by_its_own_text_and_by_its_own_image(toy, indexed, capsys):
+def test_an_item_is_found_by_its_own_text_and_by_its_own_image(search_toy, indexed, capsys):
     vectors, by_text = indexed
     assert by_text["indexed"] == len(IDS) and by_text["similarity"] == "cos"  # Stage I trains with cosine
     assert by_text["results"][0][0]["id"] == "captions.txt:3"
     assert by_text["results"][0][0]["score"] == pytest.approx(1.0, abs=1e-5)  # itself, at cosine 1
-    image = os.path.join(toy["gallery"], "more", "00009.jpg")
-    by_image = search_main(toy["export"], vectors, f"--query_image={image}", f"--query_text={search.image_text}")
+    image = os.path.join(search_toy["gallery"], "more", "00009.jpg")
+    by_image = search_main(search_toy["export"], vectors, f"--query_image={image}", f"--query_text={search.image_text}")
     found = by_image["results"][0]
     assert [r["id"] for r in found][:1] == ["more/00009.jpg"] and len(found) == 5  # the default top_k
     assert found[0]["score"] == pytest.approx(1.0, abs=1e-5) and found[1]["score"] < found[0]["score"] - 1e-4
@@ -93,40 +86,40 @@ def test_an_item_is_found_by_its_own_text_and_by_its_own_image(toy, indexed, cap
     assert re.search(r"\n   1     1\.0000  more/00009\.jpg  Represent the given image\.\n   2  ", printed)
 
 
-def test_the_vectors_file_holds_the_items_their_vectors_and_the_checkpoint(toy, indexed):
+def test_the_vectors_file_holds_the_items_their_vectors_and_the_checkpoint(search_toy, indexed):
     vectors, _ = indexed
     with safe_open(vectors, framework="pt") as f:
         metadata, stored = f.metadata(), f.get_tensor("vectors")
     items = json.loads(metadata["items"])
     assert [item["id"] for item in items] == IDS and stored.shape == (len(IDS), 64) and stored.dtype == torch.float32
-    assert metadata["similarity"] == "cos" and metadata["init_from"] == toy["export"]
-    assert metadata["fingerprint"] == checkpoint.fingerprint(toy["export"]) and len(metadata["sha256"]) == 64
-    assert items[7] == {"id": "more/00007.png", "text": search.image_text,
-                        "image": os.path.join(toy["gallery"], "more", "00007.png")}
+    assert metadata["similarity"] == "cos" and metadata["init_from"] == search_toy["export"]
+    assert metadata["fingerprint"] == fingerprint(search_toy["export"]) and len(metadata["sha256"]) == 64
+    assert items[9] == {"id": "more/00007.png", "text": search.image_text,
+                        "image": os.path.join(search_toy["gallery"], "more", "00007.png")}
     assert items[-1] == {"id": "captions.txt:4", "text": CAPTIONS[3], "image": None}
-    embedder, _ = load_embedder(toy["export"], max_pixels=4096)
-    torch.testing.assert_close(stored[[0, 7, -1]], embedder.encode([items[0], items[7], items[-1]]), atol=1e-5, rtol=0)
+    embedder, _ = load_embedder(search_toy["export"], max_pixels=4096)
+    torch.testing.assert_close(stored[[0, 9, -1]], embedder.encode([items[0], items[9], items[-1]]), atol=1e-5, rtol=0)
 
 
-def test_scores_are_the_checkpoints_similarity_unless_told_otherwise(toy, indexed, tmp_path):
+def test_scores_are_the_checkpoints_similarity_unless_told_otherwise(search_toy, indexed, tmp_path):
     vectors, _ = indexed
     with safe_open(vectors, framework="pt") as f:
         stored = f.get_tensor("vectors")
-    dot_export = str(tmp_path / "dot_export")  # the export, saying it was trained with the dot product
-    shutil.copytree(toy["export"], dot_export)
-    info = os.path.join(dot_export, "pace.json")
-    with open(info) as f:
+    dot_export = str(tmp_path / "dot_export")  # the export, its embedding spec saying it was trained with dot
+    shutil.copytree(search_toy["export"], dot_export)
+    spec = os.path.join(dot_export, "embedding_spec.json")
+    with open(spec) as f:
         trained = json.load(f)
-    with open(info, "w") as f:
+    with open(spec, "w") as f:
         json.dump(dict(trained, similarity="dot"), f)
-    embedder, _ = load_embedder(toy["export"], max_pixels=4096)
+    embedder, _ = load_embedder(search_toy["export"], max_pixels=4096)
     query = embedder.encode([{"text": CAPTIONS[0], "image": None}])[0]
     by_hand = {"dot": stored @ query, "cos": torch.nn.functional.cosine_similarity(stored, query[None], dim=1)}
-    dot_vectors = str(tmp_path / "dot.safetensors")  # the same weights indexed again: its pace.json differs
-    search_main(dot_export, dot_vectors, f"--index_images={toy['gallery']}", f"--index_text={toy['captions']}")
+    dot_vectors = str(tmp_path / "dot.safetensors")  # the same weights indexed again: its spec differs
+    search_main(dot_export, dot_vectors, f"--index_images={search_toy['gallery']}", f"--index_text={search_toy['captions']}")
     for init_from, stored_at, args, ranking in ((dot_export, dot_vectors, [], "dot"),
                                                 (dot_export, dot_vectors, ["--similarity=cos"], "cos"),
-                                                (toy["export"], vectors, ["--similarity=dot"], "dot")):
+                                                (search_toy["export"], vectors, ["--similarity=dot"], "dot")):
         result = search_main(init_from, stored_at, f"--query_text={CAPTIONS[0]}", "--top_k=4", *args)
         expected, order = by_hand[ranking].sort(descending=True)
         assert result["similarity"] == ranking
@@ -134,45 +127,56 @@ def test_scores_are_the_checkpoints_similarity_unless_told_otherwise(toy, indexe
         assert [r["score"] for r in result["results"][0]] == pytest.approx(expected[:4].tolist(), abs=1e-4)
 
 
-def test_a_step_folder_and_a_plain_release_work_as_init_from(toy, indexed, tiny_checkpoint, capsys):
+def test_a_step_folder_and_a_plain_release_work_as_init_from(search_toy, indexed, tiny_checkpoint, capsys):
     vectors, by_export = indexed
-    with pytest.raises(UserError, match=re.escape(f"{vectors} was indexed with {toy['export']} (another checkpoint")):
-        search_main(toy["step"], vectors, f"--query_text={CAPTIONS[2]}")  # another checkpoint's space: refused
-    by_step = search_main(toy["step"], vectors, f"--query_text={CAPTIONS[2]}", "--top_k=3", "--allow_other_checkpoint=True")
+    with pytest.raises(UserError, match=re.escape(f"{vectors} was indexed with {search_toy['export']} (another checkpoint")):
+        search_main(search_toy["step"], vectors, f"--query_text={CAPTIONS[2]}")  # another checkpoint's space: refused
+    by_step = search_main(search_toy["step"], vectors, f"--query_text={CAPTIONS[2]}", "--top_k=3", "--allow_other_checkpoint=True")
     assert by_step["similarity"] == "cos"  # the similarity the vectors were indexed for
     assert [(r["id"], pytest.approx(r["score"], abs=1e-4)) for r in by_step["results"][0]] == \
            [(r["id"], r["score"]) for r in by_export["results"][0]]  # the same weights, LoRA merged or not
-    assert f"note: ranking the vectors of {toy['export']} (allow_other_checkpoint=True)" in capsys.readouterr().out
-    items = toy["root"] / "items.jsonl"  # ids: its own, else the line's; an image relative to the file's folder
+    assert f"note: ranking the vectors of {search_toy['export']} (allow_other_checkpoint=True)" in capsys.readouterr().out
+    items = search_toy["root"] / "items.jsonl"  # ids: its own, else the line's; an image relative to the file's folder
     items.write_text(json.dumps({"id": "red", "text": CAPTIONS[0]}) + "\n" + json.dumps({"text": CAPTIONS[3]}) + "\n"
                      + json.dumps({"text": search.image_text, "image": "gallery/00001.png"}) + "\n")
-    by_release = search_main(tiny_checkpoint, str(toy["root"] / "release.safetensors"), f"--index_jsonl={items}",
-                             f"--query_image={os.path.join(toy['gallery'], '00001.png')}",
+    by_release = search_main(tiny_checkpoint, str(search_toy["root"] / "release.safetensors"), f"--index_jsonl={items}",
+                             f"--query_image={os.path.join(search_toy['gallery'], '00001.png')}",
                              f"--query_text={search.image_text}")
     assert by_release["similarity"] == "cos"  # a plain release does not say: cosine
     found = by_release["results"][0]
     assert found[0]["id"] == "items.jsonl:3" and {r["id"] for r in found[1:]} == {"red", "items.jsonl:2"}
-    assert found[0]["image"] == os.path.join(toy["gallery"], "00001.png")
+    assert found[0]["image"] == os.path.join(search_toy["gallery"], "00001.png")
 
 
-def test_the_sheet_draws_each_query_with_its_results_and_frames_the_gold(toy, indexed, tmp_path):
+def test_the_sheet_draws_each_query_with_its_results_and_frames_the_gold(search_toy, indexed, tmp_path):
     vectors, by_text = indexed
     gold = by_text["results"][0][1]["id"]  # the second result of CAPTIONS[2]
-    image = os.path.relpath(os.path.join(toy["gallery"], "00003.png"), tmp_path)  # relative to the queries file
+    image = os.path.relpath(os.path.join(search_toy["gallery"], "00003.png"), tmp_path)  # relative to the queries file
     queries = tmp_path / "queries.jsonl"
     queries.write_text(json.dumps({"id": "blue", "text": CAPTIONS[2]}) + "\n\n"
                        + json.dumps({"text": search.image_text, "image": image}) + "\n")
     sheet = str(tmp_path / "sheet.png")
-    result = search_main(toy["export"], vectors, f"--queries={queries}", "--top_k=3", f"--sheet={sheet}",
+    result = search_main(search_toy["export"], vectors, f"--queries={queries}", "--top_k=3", f"--sheet={sheet}",
                          f"--gold_id={gold}")
     assert result["results"][0][1]["id"] == gold
-    width, height = plot.cell_size(96, 220)
     with Image.open(sheet) as image:
-        assert image.size == plot.sheet_size(2, 3, title="titled")
-        for row, found in enumerate(result["results"]):
-            for rank, item in enumerate(found, 1):  # the left edge of its frame, halfway down
-                pixel = image.getpixel((rank * width + 3, plot.TITLE_HEIGHT + row * height + height // 2))
-                assert (pixel == plot.GREEN) == (item["id"] == gold), (row, rank)
+        assert image.format == "PNG" and image.width > image.height  # two rows of four cells
+    figure = plot.retrieval_sheet(search.sheet_rows(queries_read(queries), result["results"], gold))
+    for row, found in enumerate(result["results"]):
+        for rank, item in enumerate(found, 1):
+            colour = frame_colour(figure, f"query {row} #{rank}")
+            assert (colour == plot.GREEN) == (item["id"] == gold), (row, rank, colour)
+
+
+def queries_read(path):
+    return search.query_items(str(path), "", "")
+
+
+def frame_colour(figure, label):
+    """The frame colour of a sheet cell, by its axes' label (tools/plot.py labels each cell)."""
+    import matplotlib.colors
+    ax = next(ax for ax in figure.axes if ax.get_label() == label)
+    return matplotlib.colors.to_hex(ax.spines["left"].get_edgecolor())
 
 
 def write_text(path, text):
@@ -185,7 +189,7 @@ def write_tensors(path, tensors, metadata=None):
     return str(path)
 
 
-def test_each_mistake_is_an_error_naming_what_is_wrong(toy, indexed, tmp_path):
+def test_each_mistake_is_an_error_naming_what_is_wrong(search_toy, indexed, tmp_path):
     vectors, _ = indexed
     empty = tmp_path / "empty"
     os.makedirs(empty / "sub")
@@ -209,29 +213,29 @@ def test_each_mistake_is_an_error_naming_what_is_wrong(toy, indexed, tmp_path):
     bad_query = write_text(tmp_path / "bad.jsonl", '{"text": "fine"}\n{"id": "q"}\n')
     missing = str(tmp_path / "missing")
     cases = [  # (init_from, vectors, args, error, what the message says)
-        (toy["export"], vectors, [f"--index_images={empty}"], UserError, f"no images (.jpg .jpeg .png .webp .bmp "
+        (search_toy["export"], vectors, [f"--index_images={empty}"], UserError, f"no images (.jpg .jpeg .png .webp .bmp "
                                                                           f".gif .tif .tiff) in {empty}"),
-        (toy["export"], vectors, [f"--index_images={missing}"], UserError, f"no folder '{missing}'"),
-        (toy["export"], vectors, [f"--index_text={missing}.txt"], UserError, f"no file '{missing}.txt'"),
-        (toy["export"], vectors, [f"--query_image={missing}.png"], UserError,
+        (search_toy["export"], vectors, [f"--index_images={missing}"], UserError, f"no folder '{missing}'"),
+        (search_toy["export"], vectors, [f"--index_text={missing}.txt"], UserError, f"no file '{missing}.txt'"),
+        (search_toy["export"], vectors, [f"--query_image={missing}.png"], UserError,
          f"no query image '{missing}.png'"),
-        (toy["export"], f"{missing}.safetensors", ["--query_text=a red circle"], UserError,
+        (search_toy["export"], f"{missing}.safetensors", ["--query_text=a red circle"], UserError,
          f"no vectors file '{missing}.safetensors'"),
         (str(empty), vectors, ["--query_text=a red circle"], UserError, f"'{empty}' is neither a Hugging Face"),
-        (toy["export"], narrow, ["--query_text=a red circle"], ValueError,
-         f"{narrow} holds vectors of dimension 32 made by /elsewhere/export; {toy['export']} makes 64"),
-        (toy["export"], plain, ["--query_text=a red circle"], UserError, f"{plain} was not written by this search.py"),
-        (toy["export"], not_finite, ["--query_text=a red circle"], UserError, "1 vectors are not finite, e.g. item 'b'"),
-        (toy["export"], changed, ["--query_text=a red circle"], UserError,
+        (search_toy["export"], narrow, ["--query_text=a red circle"], ValueError,
+         f"{narrow} holds vectors of dimension 32 made by /elsewhere/export; {search_toy['export']} makes 64"),
+        (search_toy["export"], plain, ["--query_text=a red circle"], UserError, f"{plain} was not written by tools/search.py"),
+        (search_toy["export"], not_finite, ["--query_text=a red circle"], UserError, "1 vectors are not finite, e.g. item 'b'"),
+        (search_toy["export"], changed, ["--query_text=a red circle"], UserError,
          f"{changed}: its vectors have changed since they were written (SHA-256)"),
-        (toy["export"], vectors, [f"--queries={empty_queries}"], UserError, "holds no query (every line is empty)"),
-        (toy["export"], vectors, ["--query_text=a", "--top_k=0"], UserError, "top_k must be at least 1, got 0"),
-        (toy["export"], not_safetensors, ["--query_text=a red circle"], ValueError,
+        (search_toy["export"], vectors, [f"--queries={empty_queries}"], UserError, "holds no query (every line is empty)"),
+        (search_toy["export"], vectors, ["--query_text=a", "--top_k=0"], UserError, "top_k must be at least 1, got 0"),
+        (search_toy["export"], not_safetensors, ["--query_text=a red circle"], ValueError,
          f"{not_safetensors} is not a safetensors file"),
-        (toy["export"], vectors, ["--query_text=   "], UserError, "a query needs text or an image"),
-        (toy["export"], vectors, [f"--queries={bad_query}"], ValueError,
+        (search_toy["export"], vectors, ["--query_text=   "], UserError, "a query needs text or an image"),
+        (search_toy["export"], vectors, [f"--queries={bad_query}"], ValueError,
          f'{bad_query}, line 2: expected an object with a "text" and/or an "image"'),
-        (toy["export"], vectors, [], UserError, "nothing to do"),
+        (search_toy["export"], vectors, [], UserError, "nothing to do"),
     ]
     for init_from, vectors_path, args, error, message in cases:
         with pytest.raises(error, match=re.escape(message)):
@@ -241,8 +245,8 @@ def test_each_mistake_is_an_error_naming_what_is_wrong(toy, indexed, tmp_path):
 def test_the_command_line_ends_a_mistake_in_one_line(tmp_path):
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "search.py"), "--init_from=out/never_loaded",
+    run = subprocess.run([sys.executable, "-m", "tools.search", "--init_from=out/never_loaded",
                           f"--index_images={empty}", f"--vectors={tmp_path / 'v.safetensors'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and run.stderr.strip().splitlines() == [
-        f"error: no images ({' '.join(mmeb.IMAGE_SUFFIXES)}) in {empty}"]
+        f"error: no images ({' '.join(IMAGE_SUFFIXES)}) in {empty}"]

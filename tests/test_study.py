@@ -9,13 +9,17 @@ import pytest
 from common import UserError
 from shapes import study
 
+pytestmark = pytest.mark.slow  # the study runs train.py, eval.py and tools/geometry.py as its jobs
+
 
 def fake_eval(path, overall, ind, ood, r, cos, r2=(None, None)):
+    """An eval.py JSON and the tools/geometry.py JSON beside it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"overall": overall, "IND": ind, "OOD": ood,
-                   "geometry": {"norm_cos_pearson_r": r, "random_pair_mean_cos": cos,
-                                "norm_from_direction_r2": {"2": r2[0], "10": r2[1]}}}, f)
+        json.dump({"overall": overall, "IND": ind, "OOD": ood}, f)
+    with open(path[:-len(".json")] + "_geometry.json", "w") as f:
+        json.dump({"norm_cos_pearson_r": r, "random_pair_mean_cos": cos,
+                   "norm_from_direction_r2": {"2": r2[0], "10": r2[1]}}, f)
 
 
 def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
@@ -87,12 +91,12 @@ def test_existing_results_are_skipped_and_the_rest_wait_for_their_inputs(tmp_pat
     assert study.run_jobs(jobs, parallel=2) == 0 and len(FakeProcess.launched) == 2
 
 
-def test_tiny_study_end_to_end_then_resumed(tmp_path, monkeypatch):
+def test_tiny_study_end_to_end_then_resumed(tmp_path, monkeypatch, tiny_checkpoint):
+    import shutil
     from shapes.prepare import prepare
-    from shapes.tiny_model import make_tiny_checkpoint
     data_dir = str(tmp_path / "shapes")
     prepare(data_dir, seed=0, num_train=120, num_eval=12)
-    make_tiny_checkpoint(os.path.join(data_dir, "tiny-qwen3.5"), seed=0)
+    shutil.copytree(tiny_checkpoint, os.path.join(data_dir, "tiny-qwen3.5"))
     argv = ["--seeds=7", "--methods=pace", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'study'}",
             "--batch_size=4", "--start_step=1", "--stage2_steps=1"]
     study.main(argv)

@@ -12,10 +12,12 @@ import torch
 from safetensors.torch import load_file
 
 from common import UserError
-from mmeb import IMAGE_CANDIDATE
+from readers.mmeb import IMAGE_CANDIDATE
 from model import Embedder
 from shapes import prepare, pretrain
 from shapes.tiny_model import FINAL_NORM_STD, make_tiny_checkpoint
+
+pytestmark = pytest.mark.slow  # the toy's pretraining
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +141,7 @@ def test_pretraining_is_deterministic_and_learns(toy, spread_checkpoint, tmp_pat
 
 def test_prepare_command_line_pretrains_unless_told_not_to(tmp_path, capsys):
     small = ["--num_train=50", "--num_eval=9", "--num_candidates=5"]
-    prepare.main([f"--out_dir={tmp_path / 'random'}", "--no-pretrain", *small])
+    prepare.main([f"--out_dir={tmp_path / 'random'}", "--pretrain=False", *small])
     random = os.path.join(tmp_path, "random", "tiny-qwen3.5")
     assert not os.path.exists(os.path.join(random, pretrain.RECORD))
     assert load_file(os.path.join(random, "model.safetensors"))["model.language_model.norm.weight"].std() > 0.1
@@ -147,5 +149,5 @@ def test_prepare_command_line_pretrains_unless_told_not_to(tmp_path, capsys):
     with open(os.path.join(tmp_path, "pretrained", "tiny-qwen3.5", pretrain.RECORD)) as f:
         assert json.load(f)["recipe"]["steps"] == 8  # the default: 5 epochs of the 48 training examples, batch 32
     assert "pretraining step 8/8" in capsys.readouterr().out
-    prepare.main([f"--out_dir={tmp_path / 'pretrained'}", "--no-pretrain", *small])  # random again: no stale record
+    prepare.main([f"--out_dir={tmp_path / 'pretrained'}", "--pretrain=False", *small])  # random again: no stale record
     assert not os.path.exists(os.path.join(tmp_path, "pretrained", "tiny-qwen3.5", pretrain.RECORD))

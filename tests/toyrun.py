@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def launch(toy, out_dir, *args, nproc=1, popen=False):
     running process, its output merged into one pipe."""
     common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={os.path.relpath(toy['checkpoint'], ROOT)}",
               f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out_dir}",
+              f"--table_dir={os.path.join(toy['root'], 'tables')}",
               "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096",
               "--micro_batch=5", "--skip_bad_rows=True"]  # several forward calls per side, a different count on 1 and 2 ranks
     if nproc == 1:
@@ -51,9 +53,23 @@ def launch(toy, out_dir, *args, nproc=1, popen=False):
            "PYTHONUNBUFFERED": "1"}
     if popen:
         return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
-    result = subprocess.run(command + common + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    return result.returncode, result.stdout + result.stderr
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return run_process(command + common + list(args), env=env)
+
+
+def run_process(command, timeout=300, **kwargs):
+    """Run a command (train.py, torchrun, a rank script) in a session of its own, stdout and stderr merged. ->
+    (return code, its output). A run that hangs past timeout is killed with every process it started (torchrun's
+    ranks, their DataLoader workers) and fails the test with its own last lines, not a bare timeout."""
+    process = subprocess.Popen(command, cwd=kwargs.pop("cwd", ROOT), text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{' '.join(map(str, command[:4]))} ... hung for {timeout} s; its last output:\n{output[-6000:]}")
+    return process.returncode, output
 
 
 def run_train(toy, out_dir, *args, nproc=1, expect_returncode=0):

@@ -1,9 +1,14 @@
 """
-diagnostics.py: the paper's geometry diagnostics of an embedding space (Sections 3.2 and 6, Appendix C.2),
-measured by eval.py on the evaluation data and, as the paper does, on training rows.
+tools/geometry.py: the paper's geometry diagnostics of an embedding space (Sections 3.2 and 6, Appendix C.2), on
+the evaluation data (the sample eval.py keeps of each dataset) and, as the paper does, on training rows.
 
-    samples = [pairs(query_emb, gold_emb, candidate_emb, size=500)]   # per dataset: matched pairs and a sample
-    numbers, picture = summary(samples, max_points=5000, title="out/stage2/export: evaluation data")
+    python eval.py config/shapes_eval.py && python -m tools.geometry out/shapes_eval.json
+    python -m tools.geometry --init_from=out/direct_dot/export --train_data=data/mmE5/mmE5-synthetic \\
+        --image_dir=data/mmE5 --out=out/direct_dot_train.json        # 5,000 training rows, as Section 3.2
+    numbers = summary([eval.geometry_sample(...), ...])             # in Python: the numbers, pictures apart
+
+For eval.py's out/X.json it writes out/X_geometry.json (the numbers, and what redraws the picture) and
+out/X_geometry.png (tools/plot.py); for training rows, --out's stem.
 
 - norm entanglement: the Pearson r between the standardised log norm product log(|q| |c+|) and cos(q, c+) over
   matched query-gold pairs (Section 6: -0.78 after direct dot training, -0.11 after PACE; Figure 4a);
@@ -19,29 +24,38 @@ When every embedding has the same norm (a LoRA-only cosine run keeps Qwen3.5's f
 whose weight is uniform gives every embedding the norm sqrt(D)), r and R^2 are undefined: the numbers say
 "all norms N" instead, and the pictures say so rather than plot rounding noise.
 """
+import json
 import math
+import os
+import random
+import sys
 
 import torch
 import torch.nn.functional as F
 
-import plot
+import common
+import configurator
+from common import UserError
+
+# -----------------------------------------------------------------------------
+# config of the command line (every default can be overridden by --key=value)
+results = []  # eval.py JSON files whose datasets' samples to measure (bare arguments go here)
+init_from = ""  # or: a checkpoint whose embeddings of training rows to measure (with train_data)
+train_data = []  # as train.py's: the training rows to sample
+image_dir = ""  # as train.py's: where the rows' image paths are relative to
+table_dir = "data/tables"  # as train.py's: where train_data is converted, once, into the prepared table
+samples = 5000  # training rows sampled (the paper's 5,000), and points in a picture
+out = "out/geometry.json"  # with init_from: the numbers (and beside it the picture, <stem>.png)
+batch_size = 16  # items per forward pass
+num_workers = 4  # DataLoader worker processes (decode, resize, tokenise)
+seed = 0  # seeds the sample of training rows
+device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
+dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype of the model
+# -----------------------------------------------------------------------------
 
 FOLDS = 5  # cross-validation folds of the R^2
 COMPONENTS = (2, 10)  # principal components the norm is fitted on
 EQUAL_NORMS = 1e-4  # norms within this relative spread of each other are one norm (float32 rounding)
-
-
-def pairs(query_emb, positive_emb, candidate_emb, size, generator=None):
-    """What the diagnostics need from one dataset: query_emb (Q, D) and positive_emb (Q, D) row by row (matched
-    pairs), candidate_emb (M, D) its distinct candidates. Per-pair scalars for every row; vectors only for a
-    random sample of `size` queries and `size` candidates."""
-    query_norm, positive_norm = query_emb.norm(dim=1), positive_emb.norm(dim=1)  # (Q,), (Q,)
-    query_pick = torch.randperm(len(query_emb), generator=generator)[:size]
-    candidate_pick = torch.randperm(len(candidate_emb), generator=generator)[:size]
-    return {"log_norm_product": query_norm.clamp_min(1e-30).log() + positive_norm.clamp_min(1e-30).log(),  # (Q,)
-            "cos_positive": F.cosine_similarity(query_emb, positive_emb, dim=1),  # (Q,)
-            "query_norms": query_norm, "candidate_norms": candidate_emb.norm(dim=1),  # (Q,), (M,)
-            "queries": query_emb[query_pick], "candidates": candidate_emb[candidate_pick]}  # (s, D), (s', D)
 
 
 def equal_norms(norms):
@@ -113,9 +127,10 @@ def format_number(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def summary(samples, max_points=5000, title=""):
-    """Pool pairs() of the evaluated datasets -> (the numbers, with what redraws the pictures; the picture: the
-    random-pair cosine histogram, the log norm product against cosine, the PCA)."""
+def summary(samples, max_points=5000):
+    """Pool the samples of the evaluated datasets (eval.geometry_sample's) -> the numbers, with what redraws the
+    pictures (tools/plot.py's geometry: the random-pair cosine histogram, the log norm product against cosine, the
+    PCA)."""
     pooled = {key: torch.cat([s[key] for s in samples]) for key in samples[0]}
     queries, candidates = pooled["queries"], pooled["candidates"]  # (S, D), (S', D)
     directions_q, directions_c = F.normalize(queries, dim=1), F.normalize(candidates, dim=1)
@@ -147,30 +162,76 @@ def summary(samples, max_points=5000, title=""):
                "random_pair_cos": random_cos.tolist(),
                "pairs": {"standardised_log_norm_product": standardised[keep].tolist(),
                          "cos_positive": cos_positive[keep].tolist()}}
-    numbers = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in numbers.items()}
-    return numbers, picture(numbers, title)
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in numbers.items()}
 
 
-def picture(numbers, title):
-    """summary()'s three panels, from its numbers alone (so a JSON redraws them)."""
-    explained = numbers["pca_explained_variance"] + [0.0]
-    r2 = numbers["norm_from_direction_r2"]
-    norm = numbers["query_norm"]["mean"]
-    histogram = plot.histogram([{"label": f"{len(numbers['random_pair_cos']):,} drawn pairs",
-                                 "values": numbers["random_pair_cos"]}], value_range=(-1, 1), x_label="cos",
-                               title=f"random pairs: mean cos {numbers['random_pair_mean_cos']:.3f} over all "
-                                     f"{numbers['num_random_pairs']:,}")
-    if numbers["all_norms_equal"]:
-        matched = plot.scatter([], [], title="matched pairs", x_label="standardised log(|q| |c+|)", y_label="cos(q, c+)",
-                               note=f"all norms {norm:.2f}: no norm to standardise")
-    else:
-        matched = plot.scatter(numbers["pairs"]["standardised_log_norm_product"], numbers["pairs"]["cos_positive"],
-                               title="matched pairs", x_label="standardised log(|q| |c+|)", y_label="cos(q, c+)",
-                               note=f"r = {format_number(numbers['norm_cos_pearson_r'])}")
-    pca = plot.scatter(numbers["pca"]["x"], numbers["pca"]["y"], colour=numbers["pca"]["norm_percentile"],
-                       equal_axes=True, marker=["circle" if q else "triangle" for q in numbers["pca"]["is_query"]],
-                       title=f"PCA; norm from direction R^2 {format_number(r2['2'])} (k=2), {format_number(r2['10'])} (k=10)",
-                       x_label=f"PC1 {100 * explained[0]:.0f}%", y_label=f"PC2 {100 * explained[1]:.0f}%",
-                       note=(f"all norms {norm:.2f}; " if numbers["all_norms_equal"] else "colour: norm percentile; ")
-                       + "o query, ^ candidate")
-    return plot.grid([histogram, matched, pca], columns=3, title=title)
+# -----------------------------------------------------------------------------
+# the command line
+
+def from_results(path):
+    """The diagnostics of an eval.py JSON's datasets, from the samples it kept (<stem>_datasets/<name>.geometry
+    .safetensors). -> (numbers, the number of datasets)"""
+    from safetensors.torch import load_file
+    if not os.path.isfile(path):
+        raise UserError(f"no eval.py results {path!r}")
+    with open(path) as f:
+        output = json.load(f)
+    names = list(output.get("datasets", {})) + list(output.get("others", {}).get("datasets", {}))
+    folder = output.get("datasets_folder") or os.path.splitext(path)[0] + "_datasets"
+    files = [os.path.join(folder, f"{name}.geometry.safetensors") for name in names]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise UserError(f"{path}: no geometry sample {missing[0]} (run eval.py with --geometry=True)")
+    return summary([load_file(f) for f in files], output["config"].get("geometry_samples", 5000)), len(names)
+
+
+def from_training_rows(path, train_data, image_dir, table_dir, count, seed, batch_size, num_workers, dtype, device):
+    """The diagnostics of `count` training rows sampled with seed, embedded by the checkpoint at path, as the paper
+    measures them: query-positive pairs for the Pearson r, queries against other rows' positives for the random
+    pairs."""
+    import data
+    import eval as evaluation
+    from readers import training
+    from runs.export import load_for_inference
+    table = data.TrainTable(training.prepared_table(train_data, image_dir, table_dir, "original", "paper"))
+    picked = random.Random(seed).sample(range(len(table)), min(count, len(table)))
+    rows = [data.filled(table, i, 0, seed) for i in picked]
+    embedder, _ = load_for_inference(path, dtype, common.compute_init(device)[3])
+    items = [row["query"] for row in rows] + [row["candidates"][0] for row in rows]
+    embeddings = embedder.encode(items, batch_size, common.worker_count(num_workers), progress="training rows")
+    queries, positives = embeddings[:len(rows)], embeddings[len(rows):]
+    generator = torch.Generator().manual_seed(seed + 1)
+    return summary([evaluation.geometry_sample_of(queries, positives, positives, len(rows), generator)], count)
+
+
+def main(argv=None):
+    """The diagnostics of eval.py results (bare arguments) or of training rows (init_from), printed, written and
+    drawn. -> {path written: numbers}"""
+    configurator.configure(globals(), sys.argv[1:] if argv is None else argv, positional="results")
+    if not results and not (init_from and train_data):
+        raise UserError("name eval.py results (python -m tools.geometry out/eval.json) or a checkpoint and its "
+                        "training rows (--init_from=... --train_data=...)")
+    from tools import plot
+    written = {}
+    for path in results:
+        numbers, count = from_results(path)
+        title = f"{path}: {count} evaluation datasets"
+        written[write(numbers, os.path.splitext(path)[0] + "_geometry", title, plot)] = numbers
+    if init_from:
+        numbers = from_training_rows(init_from, train_data, image_dir, table_dir, samples, seed, batch_size, num_workers,
+                                     dtype, device)
+        written[write(numbers, os.path.splitext(out)[0], f"{init_from}: {samples} training rows", plot)] = numbers
+    return written
+
+
+def write(numbers, stem, title, plot):
+    """<stem>.json and <stem>.png, and one line of the numbers. -> the JSON's path"""
+    common.write_json(stem + ".json", numbers)
+    picture = plot.save(plot.geometry(numbers, title), stem + ".png")
+    print(f"{title}: {describe(numbers)}; wrote {stem}.json, drew {picture}")
+    return stem + ".json"
+
+
+if __name__ == "__main__":
+    common.install_error_hook()
+    main()

@@ -1,7 +1,8 @@
 """
-runs.py: an out_dir and the one training run in it, as a shared cluster needs them: one run at a time (a lock),
-a clean stop on a signal (preemption, a wall-time notice, Ctrl-C), what a resume may change, and the history of
-the config a run went through. train.py calls these; checkpoint.py holds what the folders hold.
+runs/outdir.py: an out_dir and the one training run in it, as a shared cluster needs them: one run at a time (a
+lock), a clean stop on a signal (preemption, a wall-time notice, Ctrl-C), what a resume may change, the history of
+the config a run went through, the step folders kept and pruned, and the log. train.py calls these;
+runs/checkpoint.py holds what the folders hold.
 
     lock = take_lock(out_dir)                    # refuses a second launch on the same out_dir, naming the first
     stop = StopSignals(("SIGTERM", "SIGUSR1", "SIGINT"))   # a signal sets stop.received; nothing is cut short
@@ -22,16 +23,19 @@ import socket
 import sys
 import time
 
-from checkpoint import complete, read_info, remove, verify
 from common import UserError, write_json
+from model import EmbeddingSpec
+from runs.checkpoint import complete, read_info, remove, verify
 
 EXIT_RESUME = 75  # EX_TEMPFAIL ("try again later"): stopped on a signal with a checkpoint written; resume me
 LOCK = "run.lock"
-# what defines a run: changing one on resume makes the rest of the run another experiment than its first steps
-DEFINING = ("init_from", "train_data", "image_dir", "train_split", "allow_eval_datasets", "skip_bad_rows", "similarity",
-            "temperature", "focal_gamma", "focal_temperature", "weighting", "soft_labels", "judge_temperature",
-            "alignment_weight", "lora_rank", "lora_alpha", "lora_dropout",
-            "seed", "batch_size", "num_hard_negatives", "max_length", "max_pixels", "min_pixels", "instructions")
+# what defines a run: changing one on resume makes the rest of the run another experiment than its first steps.
+# What defines its vectors (every field of the embedding spec, model.EmbeddingSpec, by the config key of its name;
+# backbone follows init_from), and what defines its training:
+DEFINING = tuple(field for field in EmbeddingSpec.fields() if field != "backbone") + (
+    "init_from", "train_data", "image_dir", "train_split", "allow_eval_datasets", "skip_bad_rows", "temperature",
+    "focal_gamma", "focal_temperature", "weighting", "soft_labels", "judge_temperature", "alignment_weight",
+    "lora_rank", "lora_alpha", "lora_dropout", "seed", "batch_size", "num_hard_negatives", "instructions")
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "allow_config_change")  # where and how, not what
 
 
@@ -47,15 +51,31 @@ def lock_holder(path):
         return None
 
 
+def process_start(pid):
+    """When process pid started (clock ticks since boot, /proc/<pid>/stat), so a pid the system reused for another
+    process is told apart; None when there is no such process. Without /proc: True while the pid exists."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command in parentheses
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(int(pid), 0)
+            return True
+        except OSError:
+            return None
+
+
 def alive_here(record):
-    """True when the lock's process runs on this host: its pid exists and is a train.py (a reused pid is not)."""
+    """True when the lock's process runs on this host: its pid exists and started when the lock says."""
     if record.get("host") != socket.gethostname():
         return False
     try:
-        with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
-            return b"train.py" in f.read()
-    except (OSError, ValueError, KeyError, TypeError):
+        started = process_start(record["pid"])
+    except (KeyError, TypeError, ValueError):
         return False
+    return started is not None and started == record.get("process_start", started)
 
 
 def take_lock(out_dir):
@@ -65,7 +85,7 @@ def take_lock(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, LOCK)
     record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": " ".join(sys.argv)}
+              "command": " ".join(sys.argv), "process_start": process_start(os.getpid())}
     for _ in range(2):
         try:
             with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
@@ -76,7 +96,7 @@ def take_lock(out_dir):
             if holder is None:
                 print(f"note: {path} was empty (a run that stopped while taking it): taking it over")
             elif alive_here(holder):
-                raise UserError(f"{out_dir} is in use by a running train.py: pid {holder['pid']} on this host, started "
+                raise UserError(f"{out_dir} is in use by a running run: pid {holder['pid']} on this host, started "
                                 f"{holder['started']} ({holder['command']}); wait for it, stop it, or use another "
                                 "--out_dir") from None
             elif holder.get("host") != socket.gethostname():
@@ -261,33 +281,3 @@ def read_log(path):
     """A log.jsonl's records; a line cut short (a run still writing, or killed mid-line) is dropped."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip().endswith("}")]
-
-
-def curve_records(log_paths):
-    """-> (the runs' records on one step axis, [(step, run name)] where each later run begins)."""
-    records, marks, offset = [], [], 0
-    for k, path in enumerate(log_paths):
-        lines = read_log(path)
-        if k and lines:
-            start = started_from(path, log_paths[k - 1])
-            if start is not None:  # cut the run before where this one branched off it
-                offset = offset - (records[-1]["step"] if records else 0) + start
-                records = [r for r in records if r["step"] <= offset]
-            marks.append((offset, os.path.basename(os.path.dirname(os.path.abspath(path)))))
-        records += [dict(r, step=r["step"] + offset) for r in lines]
-        offset = records[-1]["step"] if records else offset
-    return records, marks
-
-
-def started_from(log_path, earlier_log_path):
-    """The step of the earlier run that log_path's run started from (its init_from: a step folder of the earlier
-    run's out_dir), or None."""
-    config_path = os.path.join(os.path.dirname(log_path), "config.json")
-    if not os.path.isfile(config_path):
-        return None
-    with open(config_path) as f:
-        written = json.load(f)
-    init_from = os.path.normpath(written.get("config", written).get("init_from", ""))  # {"config", "history"} or flat
-    earlier = os.path.basename(os.path.dirname(os.path.abspath(earlier_log_path)))
-    name, parent = os.path.basename(init_from), os.path.basename(os.path.dirname(init_from))
-    return int(name[len("step_"):]) if name.startswith("step_") and name[5:].isdigit() and parent == earlier else None

@@ -1,15 +1,13 @@
 """
-mmeb.py: what this project knows of MMEB and of the real downloads: the 36 datasets (meta task, split, task
-format, own instruction), their spellings, the paper's instructions (Table 5), which files of a download hold the
-rows, how their records and list fields are written (Parquet or JSON Lines; lists or Python list literals), how
-MMEB-V2 joins its instruction columns into the texts, and Table 8's means. data.py makes rows of the records.
+readers/mmeb.py: what this project knows of MMEB: the 36 datasets (meta task, split, task format, own
+instruction), their spellings, the paper's instructions (Table 5), how MMEB-V2 joins its instruction columns into
+the texts, and Table 8's means. readers/records.py knows how the downloads write their rows.
 
     meta_task, split = MMEB_DATASETS["ImageNet-1K"]               # ("Classification", "IND")
     canonical_name("ImageNet_1K")                                  # 'ImageNet-1K' (MMEB-train spells it so)
-    train_subsets("data/MMEB-train", split="original")           # 20 subset folders, each its original-*.parquet
-    names, empty = find_eval_datasets("data/MMEB-eval")           # the dataset folders of an MMEB-eval download
+    aggregate(per_dataset)                                         # Table 8's meta-task, IND, OOD and overall means
 
-The downloads (README, "The data"):
+The downloads (docs/data.md):
 - MMEB-eval (TIGER-Lab/MMEB-eval): 37 folders, the 36 MMEB datasets and CIFAR-100, each <Subset>/test-*.parquet
   with qry_text, qry_img_path, tgt_text (list), tgt_img_path (list), candidate 0 the gold one; image paths
   <Subset>/<file> relative to where images.zip was unzipped.
@@ -17,7 +15,7 @@ The downloads (README, "The data"):
   (what VLM2Vec and mmE5 train on), diverse_instruction-... (paraphrased instructions) and a legacy train-...;
   image paths images/<Subset>/Train/<file> relative to the download's root.
 - mmE5-MMEB-hardneg (24 subset folders) and mmE5-synthetic (Classification/, Retrieval/, VQA/): one split each
-  ("train"); negatives are strings holding Python list literals (data.py); image paths images/... relative to
+  ("train"); negatives are strings holding Python list literals (readers/records.py); image paths images/... relative to
   the folder where their archives were extracted.
 - MMEB-V2 image tasks: qry_inst, qry_text, qry_img_path, tgt_inst, tgt_text, tgt_img_path; the instructions are
   joined into the texts as VLM2Vec-V2 joins them (v2_query, v2_candidates), which reproduces the v1 strings.
@@ -29,19 +27,11 @@ instructions="paper" swaps a row's own instruction for its format's, keeping the
 Visual7W-Pointing), image -> image (NIGHTS) or image+text -> image+text (OVEN): those keep their own instruction,
 which for grounding holds the object's label in its sentence.
 """
-import ast
 import collections
-import functools
-import glob
-import json
 import os
-import re
 
-import pyarrow.parquet as pq
+from common import IMAGE_MARKER, UserError
 
-from common import UserError
-
-IMAGE_MARKER = "<|image_1|>"  # in MMEB / mmE5 text: where the side's image goes
 IMAGE_CANDIDATE = IMAGE_MARKER + "\nRepresent the given image."  # MMEB's text beside an image candidate
 GROUNDING_OWN = None  # MMEB-train and MMEB-eval word the grounding instructions differently: none to swap
 
@@ -197,195 +187,6 @@ def v2_candidates(kind, instruction, texts):
         return [(IMAGE_MARKER + " " + instruction + " " + caption).replace(" \n", "\n") + "\n" for caption in texts]
     alone = (IMAGE_MARKER + " " + instruction).replace(" \n", "\n") + ("\n" if kind == "t2i" else "")
     return [alone] * len(texts)
-
-
-# -----------------------------------------------------------------------------
-# which files of a download hold the rows
-
-DATA_SUFFIXES = (".parquet", ".jsonl")
-SPLIT_FILE = re.compile(r"(?P<split>[A-Za-z_]+)-\d{5}-of-\d{5}\.(parquet|jsonl)$")  # Hugging Face's shard names
-
-
-def is_junk(name):
-    """Hidden files and macOS's AppleDouble '._name' companions, which are never data or images."""
-    return name.startswith(".")
-
-
-def data_files(folder):
-    """The Parquet and JSON Lines files directly in folder, sorted."""
-    return sorted(os.path.join(folder, name) for name in os.listdir(folder)
-                  if name.endswith(DATA_SUFFIXES) and not is_junk(name) and os.path.isfile(os.path.join(folder, name)))
-
-
-def split_files(folder, split, files):
-    """A subset folder's data files (data_files(folder)) -> (the files of one split, the split read). Hugging Face
-    names a split's shards <split>-00000-of-00001.parquet: an MMEB-train folder holds 'original',
-    'diverse_instruction' and a legacy 'train' side by side, and only `split` is read. A folder with one split only
-    (mmE5's 'train', or files named otherwise) is read whole, whatever `split` says."""
-    groups = collections.defaultdict(list)
-    for path in files:
-        match = SPLIT_FILE.match(os.path.basename(path))
-        groups[match.group("split") if match else None].append(path)
-    if split in groups:
-        return groups[split], split
-    if len(groups) == 1:
-        only = next(iter(groups))
-        return groups[only], only or "(one split)"
-    if not groups:
-        raise UserError(f"{folder}: no .parquet or .jsonl files")
-    raise UserError(f"{folder} holds the splits {', '.join(sorted(map(str, groups)))}, not train_split={split!r}: "
-                    f"set --train_split to one of them")
-
-
-def train_subsets(path, split):
-    """A train_data path -> [(dataset name or None, subset folder or file, [files], split read)]: a file is one
-    subset; a folder with data files is a subset folder (split_files); a folder of such folders is a download's
-    root, each subfolder with data files a subset (folders without, such as images/ or images_zip/, are passed
-    over). The dataset is the subset's name when it is an MMEB dataset (either spelling), else dataset_of(path)."""
-    if not os.path.exists(path):
-        raise UserError(f"train_data: {path} does not exist")
-    if os.path.isfile(path):
-        if not path.endswith(DATA_SUFFIXES):
-            raise UserError(f"train_data: {path}: unknown file type, expected .parquet or .jsonl")
-        return [(dataset_of(path), path, [path], "(a file)")]
-    if files := data_files(path):
-        files, read = split_files(path, split, files)
-        return [(dataset_of(path), path, files, read)]
-    subsets = []
-    for name in sorted(os.listdir(path)):
-        folder = os.path.join(path, name)
-        if not is_junk(name) and os.path.isdir(folder) and (files := data_files(folder)):
-            files, read = split_files(folder, split, files)
-            subsets.append((canonical_name(name) or dataset_of(folder), folder, files, read))
-    if not subsets:
-        raise UserError(f"train_data: {path} holds no .parquet or .jsonl files, nor folders of them")
-    return subsets
-
-
-def eval_files(folder):
-    """An evaluation dataset folder's Parquet files, directly or in subfolders (Hugging Face's refs/convert/parquet
-    branch nests them in test/), sorted."""
-    paths = glob.glob(os.path.join(glob.escape(os.fspath(folder)), "**", "*.parquet"), recursive=True)
-    return sorted(p for p in paths if not is_junk(os.path.basename(p)))
-
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-
-
-def find_eval_datasets(mmeb_dir, image_dir=""):
-    """Sorted names of the dataset folders of mmeb_dir: every folder but hidden ones and image folders (image_dir
-    itself or one holding image files). -> (names with Parquet files, names without any: empty datasets)."""
-    if not os.path.isdir(mmeb_dir):
-        raise UserError(f"mmeb_dir: {mmeb_dir} is not a folder")
-    image_root = os.path.abspath(image_dir) if image_dir else None
-    names, empty = [], []
-    for name in sorted(os.listdir(mmeb_dir)):
-        folder = os.path.join(mmeb_dir, name)
-        if is_junk(name) or not os.path.isdir(folder) or os.path.abspath(folder) == image_root:
-            continue
-        if eval_files(folder):
-            names.append(name)
-        elif name in MMEB_TABLE or not any(f.lower().endswith(IMAGE_SUFFIXES + (".zip",)) and not is_junk(f)
-                                           for _, _, files in os.walk(folder) for f in files):
-            empty.append(name)  # a MMEB dataset's folder is never taken for an image folder
-    return names, empty
-
-
-# -----------------------------------------------------------------------------
-# how the downloads write their rows: Parquet or JSON Lines records, list fields as lists or list literals
-
-class BadRow(UserError):
-    """One row's problem: the field it is in and its reason (counted by reason). Becomes an error naming the file
-    and row, or a skip."""
-
-    def __init__(self, field, problem, reason):
-        super().__init__(f"field {field!r}: {problem}")
-        self.reason = reason
-
-
-def read_records(path, columns, max_rows=None):
-    """(location, record) of each row of a .jsonl or .parquet file, at most max_rows of them. A line that is not
-    UTF-8 JSON comes as (location, BadRow) so the caller can raise or skip it."""
-    count = 0
-    if path.endswith(".jsonl"):
-        with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not a crash
-            for line_number, line in enumerate(f, 1):
-                if max_rows is not None and count >= max_rows:
-                    return
-                if not line.strip():
-                    continue
-                count += 1
-                try:
-                    record = json.loads(line.decode("utf-8"))
-                    if not isinstance(record, dict):
-                        raise ValueError("not a JSON object")
-                except UnicodeDecodeError as error:
-                    record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
-                except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
-                    record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
-                yield f"line {line_number}", record
-        return
-    try:
-        table = pq.ParquetFile(path)
-    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds
-        raise UserError(f"{path}: cannot read it as Parquet: {error}") from None
-    present = [c for c in columns if c in table.schema_arrow.names]  # a missing one is caught per row
-    for batch in table.iter_batches(batch_size=4096, columns=present):
-        for record in batch.to_pylist():
-            if max_rows is not None and count >= max_rows:
-                return
-            yield f"row {count}", record
-            count += 1
-
-
-def text_field(record, field):
-    """A required text column -> str (null reads as empty)."""
-    if field not in record:
-        raise BadRow(field, "missing column", "missing column")
-    value = record[field]
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise BadRow(field, f"expected a string, got {type(value).__name__}", "not a string")
-    return value
-
-
-def list_field(record, field, required=False):
-    """A list column -> list of str: a list, a list written as a string (a Python literal, as mmE5 writes it, or
-    JSON), or one plain string (one entry); empty, null or absent is no entries."""
-    if field not in record:
-        if required:
-            raise BadRow(field, "missing column", "missing column")
-        return []
-    value = record[field]
-    if value is None:
-        return []
-    if isinstance(value, str):
-        if not value.strip():
-            return []
-        if not value.lstrip().startswith("["):
-            return [value]
-        value = list_literal(value.strip())
-        if value is None:
-            raise BadRow(field, f"cannot parse {record[field][:80]!r} as a list", "unparsable list")
-    if isinstance(value, (list, tuple)) and all(v is None or isinstance(v, str) for v in value):
-        return ["" if v is None else v for v in value]
-    raise BadRow(field, f"expected a list of strings, got {str(value)[:80]!r}", "unparsable list")
-
-
-@functools.lru_cache(maxsize=1024)
-def list_literal(text):
-    """A list written as a string -> a tuple, or None when it does not parse: a Python literal (mmE5 writes
-    "['', 'a']"; parsed with ast.literal_eval, which runs nothing), else JSON (true / false / null). Cached: most
-    rows of a subset repeat the same "['', '', '']" of an image negative's text or a text negative's image."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            return None
-    return tuple(value) if isinstance(value, list) else value
 
 
 # -----------------------------------------------------------------------------

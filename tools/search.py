@@ -1,21 +1,21 @@
 """
-search.py: nanoGPT's sample.py for embeddings. Embed a collection once into a vectors file, then search it.
+tools/search.py: nanoGPT's sample.py for embeddings. Embed a collection once into a vectors file, then search it.
 
-    python search.py --init_from=out/shapes_stage2/export --index_images=data/shapes/images/Shapes-T2I \\
+    python -m tools.search --init_from=out/shapes_stage2/export --index_images=data/shapes/images/Shapes-T2I \\
         --vectors=out/shapes_t2i.safetensors
-    python search.py --init_from=out/shapes_stage2/export --vectors=out/shapes_t2i.safetensors --top_k=5 \\
+    python -m tools.search --init_from=out/shapes_stage2/export --vectors=out/shapes_t2i.safetensors --top_k=5 \\
         --sheet=out/search.png \\
         --query_text="Retrieve an image that best matches the following description. a small orange triangle at the top left and a large green circle at the bottom right"
 
 Indexing reads any of: a folder of images (searched recursively), a text file (one item per non-empty line), a
 JSONL file (objects with "text" and/or "image", relative to the file's folder, and an optional "id"). Ids: the
 image's path in the folder, "file.txt:LINE", the "id" or "file.jsonl:LINE". The vectors file is safetensors:
-"vectors" (N, D) float32; its metadata holds the items as JSON, the similarity, the checkpoint and its
-fingerprint (checkpoint.fingerprint), and a SHA-256 of the vectors. A folder image is embedded with MMEB's
+"vectors" (N, D) float32; its metadata holds the items as JSON, the embedding spec, the checkpoint and its
+fingerprint (runs/checkpoint.py), and a SHA-256 of the vectors. A folder image is embedded with MMEB's
 image-candidate text (image_text), as in training.
 
 A query is text and/or an image, or a file of them (.jsonl as above, else one text query per line). The top_k
-items by the similarity the checkpoint was trained with (its pace.json; cosine for a plain release) are printed
+items by the similarity the checkpoint was trained with (its embedding spec; cosine for a plain release) are printed
 as rank, score, id and text, and drawn with --sheet=path.png (--gold_id frames one id green). As in training, a
 query carries its instruction in its text; the paper's (Table 5) for text -> image is "Retrieve an image that
 best matches the following description.", for image -> text (with --query_image=photo.png) "Find the caption
@@ -33,14 +33,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-import checkpoint
 import common
 import configurator
 import loss
-import plot
-from common import UserError
-from mmeb import IMAGE_MARKER, IMAGE_SUFFIXES, is_junk
-from model import kernel_report
+from common import IMAGE_MARKER, UserError
+from readers.records import IMAGE_SUFFIXES, is_junk
+from runs.checkpoint import fingerprint
+from runs.export import load_for_inference
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
@@ -121,21 +120,21 @@ def jsonl_items(path):
     return items
 
 
-def index_items(config):
-    """The items to index: index_images', index_text's and index_jsonl's, in that order."""
-    items = folder_items(config["index_images"], config["image_text"]) if config["index_images"] else []
-    items += text_items(config["index_text"]) if config["index_text"] else []
-    return items + (jsonl_items(config["index_jsonl"]) if config["index_jsonl"] else [])
+def index_items(images, image_text, text, jsonl):
+    """The items to index: a folder of images (each with image_text), a text file's lines, a JSONL file's objects,
+    in that order ('' for none of one kind)."""
+    items = folder_items(images, image_text) if images else []
+    items += text_items(text) if text else []
+    return items + (jsonl_items(jsonl) if jsonl else [])
 
 
-def query_items(config):
-    """The queries file's items, or the one query of query_text and query_image; [] when none is asked."""
-    if config["queries"]:
-        asked = jsonl_items(config["queries"]) if config["queries"].endswith(".jsonl") else text_items(config["queries"])
+def query_items(queries, text, image):
+    """The queries file's items, or the one query of text and image; [] when none is asked."""
+    if queries:
+        asked = jsonl_items(queries) if queries.endswith(".jsonl") else text_items(queries)
         if not asked:
-            raise UserError(f"queries: {config['queries']} holds no query (every line is empty)")
+            raise UserError(f"queries: {queries} holds no query (every line is empty)")
         return asked
-    text, image = config["query_text"], config["query_image"]
     if not (text or image):
         return []
     if not text.strip() and not image:
@@ -159,12 +158,13 @@ def finite_or_refuse(embeddings, items, what):
         raise UserError(f"{what}: {len(bad)} vectors are not finite, e.g. item {items[int(bad[0])]['id']!r}")
 
 
-def index(embedder, items, similarity, path, init_from, batch_size, num_workers):
+def index(embedder, items, path, init_from, batch_size, num_workers):
     """Embed items into the vectors file at path. -> (vectors (N, D), items, metadata), as read_vectors gives them"""
     embeddings = embedder.encode(items, batch_size, num_workers, progress="indexing")
     finite_or_refuse(embeddings, items, f"indexing with {init_from}")
-    metadata = {"items": json.dumps(items), "similarity": similarity, "init_from": os.path.abspath(init_from),
-                "fingerprint": checkpoint.fingerprint(init_from), "sha256": vectors_checksum(embeddings)}
+    metadata = {"items": json.dumps(items), "similarity": embedder.spec.similarity, "spec": json.dumps(embedder.spec.to_dict()),
+                "init_from": os.path.abspath(init_from), "fingerprint": fingerprint(init_from),
+                "sha256": vectors_checksum(embeddings)}
     with common.replaced_atomically(path) as tmp:  # a crash never leaves half a file
         save_file({"vectors": embeddings}, tmp, metadata)
     print(f"wrote {len(items)} vectors of dimension {embedder.dim} to {path}")
@@ -182,7 +182,7 @@ def read_vectors(path):
     except SafetensorError as error:
         raise UserError(f"{path} is not a safetensors file ({error})") from None
     if stored is None or not {"items", "init_from", "fingerprint", "sha256"} <= metadata.keys():
-        raise UserError(f"{path} was not written by this search.py (no vectors, items, fingerprint and checksum)")
+        raise UserError(f"{path} was not written by tools/search.py (no vectors, items, fingerprint and checksum)")
     if vectors_checksum(stored) != metadata["sha256"]:
         raise UserError(f"{path}: its vectors have changed since they were written (SHA-256): index again")
     items = json.loads(metadata["items"])
@@ -212,50 +212,46 @@ def print_results(query, results):
         print(f"{rank:>4}  {result['score']:9.4f}  {result['id']}  {short(result['text'])}")
 
 
-def draw_sheet(asked, results, title, path, gold_id):
-    """The queries in rows, each with its results; the result whose id is gold_id framed green (without gold_id,
-    the results carry no "gold" and none is marked)."""
+def sheet_rows(asked, results, gold_id):
+    """The queries with their results, as tools/plot.py's retrieval_sheet draws them: each result's text its id and
+    text, and with gold_id a "gold" mark on each (the one of that id framed green; without it none is judged)."""
     rows = []
     for query, found in zip(asked, results):
         cells = [dict(result, text=f"{result['id']} {short(result['text'])}") for result in found]
         if gold_id:
             cells = [dict(cell, gold=cell["id"] == gold_id) for cell in cells]
         rows.append({"query": query, "results": cells})
-    return plot.save(plot.retrieval_sheet(rows, title=title), path)
+    return rows
 
 
-def stored_similarity(stored, embedder, config, fingerprint, similarity):
+def stored_similarity(stored, embedder, vectors_path, init_from, checkpoint_id, allow_other_checkpoint):
     """The similarity to rank a vectors file by: this checkpoint's, when the file was indexed with it; for another
     checkpoint's vectors a UserError, or with allow_other_checkpoint the similarity they were indexed for."""
     stored_vectors, _, metadata = stored
     if stored_vectors.shape[1] != embedder.dim:
-        raise UserError(f"{config['vectors']} holds vectors of dimension {stored_vectors.shape[1]} made by "
-                        f"{metadata['init_from']}; {config['init_from']} makes {embedder.dim}: index again with it")
-    if metadata["fingerprint"] == fingerprint:
-        return similarity
-    if not config["allow_other_checkpoint"]:
-        raise UserError(f"{config['vectors']} was indexed with {metadata['init_from']} (another checkpoint, fingerprint "
-                        f"{metadata['fingerprint']}), not {config['init_from']} ({fingerprint}): its vectors live in "
+        raise UserError(f"{vectors_path} holds vectors of dimension {stored_vectors.shape[1]} made by "
+                        f"{metadata['init_from']}; {init_from} makes {embedder.dim}: index again with it")
+    if metadata["fingerprint"] == checkpoint_id:
+        return embedder.spec.similarity
+    if not allow_other_checkpoint:
+        raise UserError(f"{vectors_path} was indexed with {metadata['init_from']} (another checkpoint, fingerprint "
+                        f"{metadata['fingerprint']}), not {init_from} ({checkpoint_id}): its vectors live in "
                         "another space. Index again with this checkpoint, or --allow_other_checkpoint=True")
     print(f"note: ranking the vectors of {metadata['init_from']} (allow_other_checkpoint=True) by the similarity "
           f"they were indexed for: {metadata['similarity']}")
     return metadata["similarity"]
 
 
-def answer(embedder, asked, stored, similarity, config):
-    """Rank the stored items for each query, print them and, if asked, draw the sheet. -> each query's results"""
+def answer(embedder, asked, stored, similarity, top_k, batch_size, num_workers):
+    """Rank the stored items for each query and print them. -> each query's results"""
     stored_vectors, stored_items, _ = stored
-    workers = common.worker_count(config["num_workers"])
-    query_vectors = embedder.encode(asked, config["batch_size"], workers, progress="queries" if len(asked) > 1 else "")
+    query_vectors = embedder.encode(asked, batch_size, num_workers, progress="queries" if len(asked) > 1 else "")
     finite_or_refuse(query_vectors, asked, "the queries")
-    scores, indices = top(query_vectors, stored_vectors, similarity, config["top_k"])
+    scores, indices = top(query_vectors, stored_vectors, similarity, top_k)
     results = [[dict(stored_items[j], score=score) for score, j in zip(row_scores, row_indices)]
                for row_scores, row_indices in zip(scores.tolist(), indices.tolist())]
     for query, found in zip(asked, results):
         print_results(query, found)
-    if config["sheet"]:
-        title = f"{config['init_from']}: top {config['top_k']} by {'cosine' if similarity == 'cos' else 'dot product'}"
-        print(f"drew {draw_sheet(asked, results, title, config['sheet'], config['gold_id'])}")
     return results
 
 
@@ -265,30 +261,33 @@ def answer(embedder, asked, stored, similarity, config):
 def main(argv=None):
     """Index and/or query with config overrides argv (default: the command line).
     -> {"similarity", "indexed": items written, "results": per query, its results {"id", "text", "image", "score"}}"""
-    config = configurator.configure(configurator.config_keys(globals()) | {"__file__": __file__, "__doc__": __doc__},
-                                    sys.argv[1:] if argv is None else argv)
+    configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
     for key in ("init_from", "vectors"):
-        if not config[key]:
+        if not globals()[key]:
             raise UserError(f"set --{key}=...")
-    configurator.check_choice("similarity", config["similarity"], ("",) + loss.SIMILARITIES)
-    configurator.check_counts(config, ("top_k",))
-    items, asked = index_items(config), query_items(config)
+    configurator.check_choice("similarity", similarity, ("",) + loss.SIMILARITIES)
+    configurator.check_counts({"top_k": top_k}, ("top_k",))
+    items, asked = index_items(index_images, image_text, index_text, index_jsonl), query_items(queries, query_text,
+                                                                                              query_image)
     if not items and not asked:
         raise UserError("nothing to do: index with --index_images, --index_text or --index_jsonl, "
                         "query with --query_text, --query_image or --queries")
-    stored = None if items else read_vectors(config["vectors"])  # a bad vectors file fails before the model loads
-    _, _, _, run_device = common.compute_init(config["device"])
-    embedder, info, similarity = checkpoint.load_for_inference(config["init_from"], config["dtype"], run_device,
-                                                               config["max_length"], config["max_pixels"],
-                                                               config["similarity"])
-    print(kernel_report(run_device))
+    stored = None if items else read_vectors(vectors)  # a bad vectors file fails before the model loads
+    run_device = common.compute_init(device)[3]
+    embedder, _ = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
+                                     similarity=similarity)
+    workers = common.worker_count(num_workers)
     if items:
-        stored = index(embedder, items, similarity, config["vectors"], config["init_from"], config["batch_size"],
-                       common.worker_count(config["num_workers"]))
+        stored = index(embedder, items, vectors, init_from, batch_size, workers)
+        ranked_by = embedder.spec.similarity
     else:
-        similarity = stored_similarity(stored, embedder, config, checkpoint.fingerprint(config["init_from"]), similarity)
-    results = answer(embedder, asked, stored, similarity, config) if asked else []
-    return {"similarity": similarity, "indexed": len(items), "results": results}
+        ranked_by = stored_similarity(stored, embedder, vectors, init_from, fingerprint(init_from), allow_other_checkpoint)
+    results = answer(embedder, asked, stored, ranked_by, top_k, batch_size, workers) if asked else []
+    if sheet and results:
+        from tools import plot  # matplotlib, only when a sheet is asked for
+        title = f"{init_from}: top {top_k} by {'cosine' if ranked_by == 'cos' else 'dot product'}"
+        print(f"drew {plot.save(plot.retrieval_sheet(sheet_rows(asked, results, gold_id), title), sheet)}")
+    return {"similarity": ranked_by, "indexed": len(items), "results": results}
 
 
 if __name__ == "__main__":

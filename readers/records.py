@@ -1,0 +1,388 @@
+"""
+readers/records.py: how the downloads write their rows, and how one training record becomes a row of the prepared
+table. readers/training.py and readers/evaluation.py read whole downloads with it.
+
+    for location, record in read_records("data/mmE5/mmE5-synthetic/VQA/VQA.parquet", TRAIN_COLUMNS):
+        row, missing = train_row(record, ImagePaths("data/mmE5"), rewrite=lambda text: text)
+
+Records are Parquet rows or JSON Lines objects. A list column is a list, a string holding a Python list literal
+(mmE5 writes "['', 'a']"; parsed with ast.literal_eval, which runs nothing, else as JSON), one plain string (one
+entry) or absent. Image paths are joined to image_dir as the official loaders join them (os.path.join; '' means
+no image) and must exist: a folder's listing is read once, so a million images cost seconds, not a stat each.
+macOS's AppleDouble '._name' files and other hidden names are never data or images.
+
+A training record comes in one of two layouts, told apart by its columns:
+- mmE5 / MMEB-train (mmE5-MMEB-hardneg, mmE5-synthetic, MMEB-train, tools/mine.py's files): qry, qry_image_path, pos_text,
+  pos_image_path, neg_text, neg_image_path (entry k pairs neg_text[k] with neg_image_path[k]) and, from a judge
+  (tools/mine.py), pos_judge and neg_judge. An entry with an image and text '' is an image negative, whose text is then
+  the positive's (mmE5's rule when every text is '', else the first non-empty text of the list); an entry with
+  neither is a missing negative, left for the fill.
+- plain, for your own data: query, query_image, positive, positive_image, negatives (a list of texts),
+  negative_images (a list of image paths, entry by entry with negatives; either list may be absent), and
+  optionally positive_judge and negative_judges. Negatives are taken as they are.
+Only a row whose query or positive has neither text nor image is bad: BadRow names the field and a reason, which
+becomes an error naming the file and the row, or a skip counted by reason.
+"""
+import ast
+import collections
+import functools
+import json
+import os
+import re
+
+import pyarrow.parquet as pq
+
+from common import IMAGE_MARKER, UserError
+
+TRAIN_COLUMNS = ("qry", "qry_image_path", "pos_text", "pos_image_path", "neg_text", "neg_image_path", "pos_judge",
+                 "neg_judge", "query", "query_image", "positive", "positive_image", "negatives", "negative_images",
+                 "positive_judge", "negative_judges")  # both layouts' columns: a file has one layout's
+DATA_SUFFIXES = (".parquet", ".jsonl")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+SPLIT_FILE = re.compile(r"(?P<split>[A-Za-z_]+)-\d{5}-of-\d{5}\.(parquet|jsonl)$")  # Hugging Face's shard names
+
+
+# -----------------------------------------------------------------------------
+# which files of a folder hold rows
+
+def is_junk(name):
+    """Hidden files and macOS's AppleDouble '._name' companions, which are never data or images."""
+    return name.startswith(".")
+
+
+def data_files(folder):
+    """The Parquet and JSON Lines files directly in folder, sorted."""
+    return sorted(os.path.join(folder, name) for name in os.listdir(folder)
+                  if name.endswith(DATA_SUFFIXES) and not is_junk(name) and os.path.isfile(os.path.join(folder, name)))
+
+
+def split_files(folder, split, files):
+    """A subset folder's data files (data_files(folder)) -> (the files of one split, the split read). Hugging Face
+    names a split's shards <split>-00000-of-00001.parquet: an MMEB-train folder holds 'original',
+    'diverse_instruction' and a legacy 'train' side by side, and only `split` is read. A folder with one split only
+    (mmE5's 'train', or files named otherwise) is read whole, whatever `split` says."""
+    groups = collections.defaultdict(list)
+    for path in files:
+        match = SPLIT_FILE.match(os.path.basename(path))
+        groups[match.group("split") if match else None].append(path)
+    if split in groups:
+        return groups[split], split
+    if len(groups) == 1:
+        only = next(iter(groups))
+        return groups[only], only or "(one split)"
+    if not groups:
+        raise UserError(f"{folder}: no .parquet or .jsonl files")
+    raise UserError(f"{folder} holds the splits {', '.join(sorted(map(str, groups)))}, not train_split={split!r}: "
+                    f"set --train_split to one of them")
+
+
+# -----------------------------------------------------------------------------
+# records and their fields
+
+class BadRow(UserError):
+    """One row's problem: the field it is in and its reason (counted by reason). Becomes an error naming the file
+    and row, or a skip."""
+
+    def __init__(self, field, problem, reason):
+        super().__init__(f"field {field!r}: {problem}")
+        self.reason = reason
+
+
+def read_records(path, columns, max_rows=None):
+    """(location, record) of each row of a .jsonl or .parquet file, at most max_rows of them. A line that is not
+    UTF-8 JSON comes as (location, BadRow) so the caller can raise or skip it."""
+    count = 0
+    if path.endswith(".jsonl"):
+        with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not a crash
+            for line_number, line in enumerate(f, 1):
+                if max_rows is not None and count >= max_rows:
+                    return
+                if not line.strip():
+                    continue
+                count += 1
+                try:
+                    record = json.loads(line.decode("utf-8"))
+                    if not isinstance(record, dict):
+                        raise ValueError("not a JSON object")
+                except UnicodeDecodeError as error:
+                    record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
+                except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
+                    record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
+                yield f"line {line_number}", record
+        return
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds
+        raise UserError(f"{path}: cannot read it as Parquet: {error}") from None
+    present = [c for c in columns if c in table.schema_arrow.names]  # a missing one is caught per row
+    for batch in table.iter_batches(batch_size=4096, columns=present):
+        for record in batch.to_pylist():
+            if max_rows is not None and count >= max_rows:
+                return
+            yield f"row {count}", record
+            count += 1
+
+
+def text_field(record, field):
+    """A required text column -> str (null reads as empty)."""
+    if field not in record:
+        raise BadRow(field, "missing column", "missing column")
+    value = record[field]
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRow(field, f"expected a string, got {type(value).__name__}", "not a string")
+    return value
+
+
+def list_field(record, field, required=False):
+    """A list column -> list of str: a list, a list written as a string (a Python literal, as mmE5 writes it, or
+    JSON), or one plain string (one entry); empty, null or absent is no entries."""
+    if field not in record:
+        if required:
+            raise BadRow(field, "missing column", "missing column")
+        return []
+    value = record[field]
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if not value.strip():
+            return []
+        if not value.lstrip().startswith("["):
+            return [value]
+        value = list_literal(value.strip())
+        if value is None:
+            raise BadRow(field, f"cannot parse {record[field][:80]!r} as a list", "unparsable list")
+    if isinstance(value, (list, tuple)) and all(v is None or isinstance(v, str) for v in value):
+        return ["" if v is None else v for v in value]
+    raise BadRow(field, f"expected a list of strings, got {str(value)[:80]!r}", "unparsable list")
+
+
+@functools.lru_cache(maxsize=1024)
+def list_literal(text):
+    """A list written as a string -> a tuple, or None when it does not parse: a Python literal (mmE5 writes
+    "['', 'a']"; parsed with ast.literal_eval, which runs nothing), else JSON (true / false / null). Cached: most
+    rows of a subset repeat the same "['', '', '']" of an image negative's text or a text negative's image."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return None
+    return tuple(value) if isinstance(value, list) else value
+
+
+# -----------------------------------------------------------------------------
+# images and sides
+
+class ImagePaths:
+    """A row's image path -> the file under image_dir, which must exist. Refuses a path that leaves image_dir
+    (absolute, or climbing out with ../) unless allow_outside. Existence is looked up in each folder's listing,
+    read once (a folder of 100,000 images is one listdir, not 100,000 stats: seconds on a network file system)."""
+
+    def __init__(self, image_dir, allow_outside=False):
+        self.root, self.allow_outside, self.listings = os.path.abspath(image_dir or "."), allow_outside, {}
+
+    def exists(self, path):
+        folder, name = os.path.split(path)
+        if folder not in self.listings:
+            names = os.listdir(folder) if os.path.isdir(folder) else []
+            self.listings[folder] = frozenset(name for name in names if not is_junk(name))  # never '._' files
+        return name in self.listings[folder]
+
+    def resolve(self, value, field):
+        if not isinstance(value, str):
+            raise BadRow(field, f"expected a path string, got {type(value).__name__}", "not a string")
+        if not value:
+            return None
+        path = os.path.normpath(os.path.join(self.root, value))
+        if not self.allow_outside and not path.startswith(self.root.rstrip(os.sep) + os.sep):
+            raise BadRow(field, f"image path {value!r} leaves image_dir {self.root} (allow_any_image_path=True "
+                                "allows it)", "image path leaves image_dir")
+        if not self.exists(path):
+            raise BadRow(field, f"image not found: {path}", "missing image")
+        return path
+
+
+def empty_text(text):
+    return not text.replace(IMAGE_MARKER, "").strip()
+
+
+def make_side(text, image, text_name, image_name, images, reason="empty"):
+    """A query or positive -> {"text", "image": a file path or None}. One with neither is a bad row."""
+    path = images.resolve(image, image_name)
+    if path is None and empty_text(text):
+        raise BadRow(text_name, "empty: no text and no image", reason)
+    return {"text": text, "image": path}
+
+
+def paired(texts, paths, text_name, image_name):
+    """A record's lists of texts and of image paths that go together entry by entry -> [(text, path)]; one of the
+    two may be empty or absent (its entries are then ''), lists of different lengths are a bad row."""
+    if texts and paths and len(texts) != len(paths):
+        raise BadRow(image_name, f"{len(paths)} entries, but {text_name} has {len(texts)}", "list lengths differ")
+    count = max(len(texts), len(paths))
+    return list(zip(texts or [""] * count, paths or [""] * count))
+
+
+# -----------------------------------------------------------------------------
+# a training record of either layout -> a row of the prepared table
+
+MMEB_NAMES = {"query": "qry", "query_image": "qry_image_path", "positive": "pos_text", "positive_image": "pos_image_path",
+              "negatives": "neg_text", "negative_images": "neg_image_path", "positive_judge": "pos_judge",
+              "negative_judges": "neg_judge"}  # the plain layout's column -> mmE5's
+PLAIN_NAMES = {name: name for name in MMEB_NAMES}
+
+
+def train_row(record, images, rewrite):
+    """One training record (either layout, the file docstring) -> (row, missing negatives): row = {"query",
+    "query_image", "positive", "positive_image", "negatives", "negative_images", "judge"}, the query's text through
+    rewrite (the instructions), images as resolved paths (None for none), judge the scores of the positive and of
+    each kept negative (None when the record has none)."""
+    mmE5 = "qry" in record or "pos_text" in record
+    if not mmE5 and "query" not in record and "positive" not in record:
+        raise BadRow("query", f"no query column: mmE5's layout has {', '.join(MMEB_NAMES.values())}; the plain "
+                              f"layout {', '.join(MMEB_NAMES)} (got {', '.join(map(str, record)) or 'none'})",
+                     "missing column")
+    names = MMEB_NAMES if mmE5 else PLAIN_NAMES
+    if not mmE5:  # the plain layout: a side without text or without an image may leave out its column
+        record = {**{name: "" for name in ("query", "query_image", "positive", "positive_image")}, **record}
+    query = make_side(text_field(record, names["query"]), text_field(record, names["query_image"]), names["query"],
+                      names["query_image"], images, "empty query")
+    positive = make_side(text_field(record, names["positive"]), text_field(record, names["positive_image"]),
+                         names["positive"], names["positive_image"], images, "empty positive")
+    pairs = paired(list_field(record, names["negatives"]), list_field(record, names["negative_images"]),
+                   names["negatives"], names["negative_images"])
+    filler = next((t for t, _ in pairs if t), positive["text"])  # mmE5: an image negative's text, when its own is ''
+    negatives, kept = [], []
+    for k, (text, image) in enumerate(pairs):
+        path = images.resolve(image, f"{names['negative_images']}[{k}]")
+        if path is None and empty_text(text):
+            continue  # a missing negative
+        negatives.append({"text": (text or filler) if path and mmE5 else text, "image": path})
+        kept.append(k)
+    row = {"query": rewrite(query["text"]), "query_image": query["image"], "positive": positive["text"],
+           "positive_image": positive["image"], "negatives": [n["text"] for n in negatives],
+           "negative_images": [n["image"] for n in negatives], "judge": judge_scores(record, kept, names)}
+    return row, len(pairs) - len(kept)
+
+
+def judge_scores(record, kept, names):
+    """A judged record's scores (tools/mine.py's pos_judge, neg_judge) -> [positive's, each kept negative's], each in
+    [0, 1]; None when the record carries no judge scores."""
+    positive, negatives = record.get(names["positive_judge"]), record.get(names["negative_judges"])
+    if positive is None and negatives is None:
+        return None
+    scores = list_literal(negatives.strip()) if isinstance(negatives, str) else negatives
+    if positive is None or not isinstance(scores, (list, tuple)) or \
+            not all(isinstance(v, (int, float)) for v in scores) or (kept and max(kept) >= len(scores)):
+        raise BadRow(names["negative_judges"], f"expected a score for the positive and a list of a score for each "
+                                               f"negative, got {str(negatives)[:80]!r}", "unparsable judge scores")
+    values = [float(positive)] + [float(scores[k]) for k in kept]
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise BadRow(names["negative_judges"], f"judge scores lie in [0, 1], got {values}", "unparsable judge scores")
+    return values
+
+
+# -----------------------------------------------------------------------------
+# what reading a source found
+
+def summary(counts):
+    """{what: count} -> '1,000 rewritten, 50 not of an MMEB dataset (kept)' (empty when nothing was counted)."""
+    return ", ".join(f"{count:,} {what}" for what, count in collections.Counter(counts).most_common())
+
+
+class SourceReport:
+    """What reading one subset (a file or a subset folder) found: the files and split read and their rows, bad rows
+    by reason with the first example, negatives per row before the fill, the rows a judge scored, what the
+    instructions did ({"mode", "counts"}), a leak (training rows of an MMEB out-of-distribution dataset), a failure.
+    lines() says it; problems() says why a run would not start. to_dict() / from_dict(): kept beside the table."""
+
+    FIELDS = ("subset", "dataset", "split", "layout", "files", "bad", "examples", "negatives", "missing_negatives",
+              "judged", "distinct", "instructions", "leak", "failure", "start", "stop")
+
+    def __init__(self, subset, dataset, split, layout=""):
+        self.subset, self.dataset, self.split, self.layout = subset, dataset, split, layout
+        self.files, self.bad, self.examples, self.negatives = {}, collections.Counter(), {}, collections.Counter()
+        self.missing_negatives = self.judged = self.distinct = self.start = self.stop = 0
+        self.instructions, self.leak, self.failure = {}, False, None
+
+    @property
+    def rows(self):
+        return sum(self.files.values())
+
+    @property
+    def num_bad(self):
+        return sum(self.bad.values())
+
+    def bad_row(self, location, error):
+        self.bad[error.reason] += 1
+        self.examples.setdefault(error.reason, f"{location} {error}")
+
+    def to_dict(self):
+        return {key: getattr(self, key) for key in self.FIELDS}
+
+    @classmethod
+    def from_dict(cls, values):
+        report = cls(values["subset"], values["dataset"], values["split"])
+        for key in cls.FIELDS:
+            setattr(report, key, values[key])
+        report.bad = collections.Counter(report.bad)
+        report.negatives = collections.Counter({int(n): c for n, c in report.negatives.items()})  # JSON keys: str
+        return report
+
+    def negative_range(self):
+        """(min, median, max) of the negatives a row brought (the lower median of an even count)."""
+        counts, seen = sorted(self.negatives.items()), 0
+        middle = next(n for n, c in counts if (seen := seen + c) * 2 >= sum(self.negatives.values()))
+        return counts[0][0], middle, counts[-1][0]
+
+    def filled_and_cut(self, num_hard_negatives):
+        """(rows with fewer than num_hard_negatives negatives, to be filled; rows with more, cut to their first)."""
+        return (sum(c for n, c in self.negatives.items() if n < num_hard_negatives),
+                sum(c for n, c in self.negatives.items() if n > num_hard_negatives))
+
+    def lines(self, num_hard_negatives=None):
+        names = ", ".join(os.path.basename(f) for f in self.files) or "-"
+        lines = [f"data: {self.subset}: {self.rows:,} rows from {names} (split {self.split}; dataset "
+                 f"{self.dataset or 'not one of MMEB'}, layout {self.layout})"]
+        if self.negatives:
+            low, middle, high = self.negative_range()
+            line = (f"  negatives per row before the fill: min {low}, median {middle}, max {high}; "
+                    f"{self.missing_negatives:,} entries with neither text nor image")
+            if num_hard_negatives is not None:
+                filled, cut = self.filled_and_cut(num_hard_negatives)
+                line += f"; {filled:,} rows filled from other rows, {cut:,} cut to their first ones"
+            lines.append(line)
+        for reason, count in self.bad.most_common():
+            lines.append(f"  bad rows: {count:,} {reason}, e.g. {self.examples[reason]}")
+        if self.instructions.get("counts"):
+            lines.append(f"  instructions='{self.instructions['mode']}': {summary(self.instructions['counts'])}")
+        if self.leak:
+            lines.append(f"  LEAK: {self.dataset} is one of MMEB's out-of-distribution evaluation datasets")
+        if self.failure:
+            lines.append(f"  cannot be used: {self.failure}")
+        return lines
+
+    def problems(self, skip_bad_rows, allow_eval_datasets=False, num_hard_negatives=0, judged=False):
+        """Why a run would not start on this source: [] when it would. Each names what to do about it."""
+        problems = [self.failure] if self.failure else []
+        if self.bad and not skip_bad_rows:
+            reason, _ = self.bad.most_common(1)[0]
+            problems.append(f"{self.num_bad:,} bad rows, e.g. {self.examples[reason]} (skip_bad_rows=True skips them)")
+        if self.leak and not allow_eval_datasets:
+            problems.append(f"rows of {self.dataset}, one of MMEB's 16 out-of-distribution evaluation datasets: "
+                            "training on it leaks its test set (leave it out, or allow_eval_datasets=True)")
+        if judged and self.rows:
+            if self.judged < self.rows:
+                problems.append(f"{self.rows - self.judged:,} of {self.rows:,} rows have no judge scores "
+                                "(python -m tools.mine --judge_from=... writes them)")
+            elif self.negatives and min(self.negatives) < num_hard_negatives:
+                problems.append(f"rows with {min(self.negatives)} judged negatives, num_hard_negatives="
+                                f"{num_hard_negatives} needed: mine with --num_hard_negatives={num_hard_negatives} "
+                                "or more")
+        if self.filled_and_cut(num_hard_negatives)[0] and (self.distinct <= num_hard_negatives or self.rows < 2):
+            problems.append(f"cannot fill rows to {num_hard_negatives} hard negatives: the subset has "
+                            f"{self.rows:,} rows and {self.distinct} distinct candidates")
+        return problems

@@ -1,0 +1,289 @@
+"""
+readers/training.py: the training downloads converted into the one prepared table data.py reads, once.
+
+    path = prepared_table(["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic",
+                           {"path": "data/MMEB-train/VisDial", "image_dir": "data/MMEB-train"}],
+                          image_dir="data/mmE5", table_dir="data/tables")
+    table = data.TrainTable(path)
+    problems(table.subsets, num_hard_negatives=5, skip_bad_rows=False)     # [] when a run would start
+
+A train_data entry is a file (.parquet / .jsonl), a subset folder, or a download's root (a folder of subset
+folders), or a dict {"path": ..., "image_dir": ..., "max_rows": ...} so sources with different image roots mix in
+one run (image_dir: the default image_dir; max_rows: at most this many rows of each subset, as mmE5 reads 50,000).
+A folder is read through one split (records.split_files: train_split 'original' by default), never every file in
+it. Each row's dataset (for the instructions and the leak check) is its subset folder's name, in either spelling.
+Records of either layout (mmE5 / MMEB-train, or the plain one for your own data) become rows as
+readers/records.py says.
+
+Conversion happens on first use, automatically: train.py, --check_data=True, tools/mine.py and tools/geometry.py call prepared_table,
+which finds the table of these sources and options in table_dir or writes it. Why not an explicit command: the
+commands a user types stay the same, and a table can never be stale, since its name is a hash of what it was
+made from: each source file's path, size and modification time, each entry's image_dir and max_rows, the split,
+the instructions, allow_any_image_path and the conversion's FORMAT. The seed, num_hard_negatives, skip_bad_rows
+and allow_eval_datasets are not in it: the fill happens as rows are read (data.py), and a run refuses what its
+settings do not allow from the reports (problems). One writer: the first process to create <table>.lock (open
+with O_EXCL, on a shared file system too) converts; every other rank and node waits for the table to appear,
+saying so; a lock left by a process that died on this host is taken over. The table is written under a temporary
+name and renamed, its JSON last.
+
+Every row is read, also past a bad one, so the reports count every problem: a bad row (a missing image, an
+empty query, negatives that do not parse) is left out of the table and counted by reason with its first example;
+a run refuses to start unless skip_bad_rows=True. A subset holding one of MMEB's 16 out-of-distribution
+evaluation datasets is marked a leak, refused unless allow_eval_datasets=True.
+"""
+import hashlib
+import json
+import os
+import socket
+import time
+
+import pyarrow as pa
+
+import data
+from common import Progress, UserError, replaced_atomically
+from readers import mmeb
+from readers.records import (DATA_SUFFIXES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport, data_files, is_junk,
+                             read_records, split_files, train_row)
+
+FORMAT = 1  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
+DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)
+BATCH_ROWS = 65536  # rows a record batch of the table holds
+
+
+# -----------------------------------------------------------------------------
+# which files train_data names
+
+def train_entries(train_data, image_dir):
+    """train_data -> [{"path", "image_dir", "max_rows"}]: a path, a dict, or a list of them."""
+    entries = [train_data] if isinstance(train_data, (str, os.PathLike, dict)) else list(train_data)
+    out = []
+    for entry in entries:
+        if isinstance(entry, (str, os.PathLike)):
+            entry = {"path": entry}
+        if not isinstance(entry, dict) or "path" not in entry or set(entry) - {"path", "image_dir", "max_rows"}:
+            raise UserError(f"train_data entry {entry!r}: expected a path, or a dict with 'path' and optionally "
+                            "'image_dir' and 'max_rows', e.g. {'path': 'data/MMEB-train/VisDial', 'max_rows': 50000}")
+        out.append({"path": os.fspath(entry["path"]), "image_dir": entry.get("image_dir") or image_dir,
+                    "max_rows": entry.get("max_rows")})
+    if not out:
+        raise UserError("train_data is empty: name a file, a subset folder or a download's root")
+    return out
+
+
+def train_subsets(path, split):
+    """A train_data path -> [(dataset name or None, subset folder or file, [files], split read)]: a file is one
+    subset; a folder with data files is a subset folder (split_files); a folder of such folders is a download's
+    root, each subfolder with data files a subset (folders without, such as images/ or images_zip/, are passed
+    over). The dataset is the subset's name when it is an MMEB dataset (either spelling), else dataset_of(path)."""
+    if not os.path.exists(path):
+        raise UserError(f"train_data: {path} does not exist" + (
+            f" (relative paths are read from the working directory, {os.getcwd()})" if not os.path.isabs(path) else ""))
+    if os.path.isfile(path):
+        if not path.endswith(DATA_SUFFIXES):
+            raise UserError(f"train_data: {path}: unknown file type, expected .parquet or .jsonl")
+        return [(mmeb.dataset_of(path), path, [path], "(a file)")]
+    if files := data_files(path):
+        files, read = split_files(path, split, files)
+        return [(mmeb.dataset_of(path), path, files, read)]
+    subsets = []
+    for name in sorted(os.listdir(path)):
+        folder = os.path.join(path, name)
+        if not is_junk(name) and os.path.isdir(folder) and (files := data_files(folder)):
+            files, read = split_files(folder, split, files)
+            subsets.append((mmeb.canonical_name(name) or mmeb.dataset_of(folder), folder, files, read))
+    if not subsets:
+        raise UserError(f"train_data: {path} holds no .parquet or .jsonl files, nor folders of them")
+    return subsets
+
+
+def file_identity(path, span=65536):
+    """What says a file is the one the table was made from: its path, size and modification time, and a hash of
+    its first and last 64 KB (a Parquet file's footer holds its row counts and statistics), so a file rewritten
+    to the same size within the file system's clock tick is still told apart."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(span))
+        if os.path.getsize(path) > span:
+            f.seek(max(span, os.path.getsize(path) - span))
+            digest.update(f.read(span))
+    return os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns, digest.hexdigest()[:16]
+
+
+def table_path(entries, sources, table_dir, train_split, instructions, allow_any_image_path):
+    """Where the table of these sources and options lives: table_dir/<names>-<hash>.arrow (the file docstring)."""
+    made_from = {"format": FORMAT, "train_split": train_split, "instructions": instructions,
+                 "allow_any_image_path": allow_any_image_path,
+                 "entries": [{"image_dir": os.path.abspath(entry["image_dir"] or "."), "max_rows": entry["max_rows"],
+                              "files": [file_identity(f) for _, _, files, _ in subsets for f in files]}
+                             for entry, subsets in zip(entries, sources)]}
+    digest = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
+    names = "+".join(os.path.splitext(os.path.basename(os.path.normpath(e["path"])))[0] for e in entries)[:60]
+    return os.path.join(table_dir, f"{names}-{digest}.arrow")
+
+
+# -----------------------------------------------------------------------------
+# the conversion
+
+def prepared_table(train_data, image_dir, table_dir="data/tables", train_split="original", instructions="paper",
+                   allow_any_image_path=False):
+    """The path of the prepared table of train_data: found in table_dir, or converted there now (one writer; the
+    others wait). Every process may call it; each gets the same path."""
+    mmeb.Instructions(instructions)  # a bad mode is an error before anything is read
+    entries = train_entries(train_data, image_dir)
+    sources = [train_subsets(entry["path"], train_split) for entry in entries]
+    path = table_path(entries, sources, table_dir, train_split, instructions, allow_any_image_path)
+    lock, waited = path + ".lock", 0.0
+    while not os.path.isfile(data.info_path(path)):
+        try:
+            os.makedirs(table_dir, exist_ok=True)
+            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if lock_is_stale(lock):
+                print(f"data: took over {lock}, left by a conversion that no longer runs", flush=True)
+                os.remove(lock)
+                continue
+            if waited % 30 < 1:
+                print(f"data: waiting for {lock_holder(lock)} to convert train_data into {path} (if that process "
+                      f"is gone, delete {lock})", flush=True)
+            time.sleep(1.0)
+            waited += 1.0
+            continue
+        with os.fdopen(descriptor, "w") as f:
+            json.dump({"host": socket.gethostname(), "pid": os.getpid()}, f)
+        try:
+            if not os.path.isfile(data.info_path(path)):  # another writer may have finished just before
+                convert(entries, sources, path, instructions, allow_any_image_path)
+        finally:
+            os.remove(lock)
+    return path
+
+
+def lock_holder(lock):
+    try:
+        with open(lock) as f:
+            holder = json.load(f)
+        return f"pid {holder['pid']} on {holder['host']}"
+    except (OSError, ValueError, KeyError):
+        return "another process"
+
+
+def lock_is_stale(lock):
+    """True when the lock's writer ran on this host and no longer runs (its pid is gone)."""
+    try:
+        with open(lock) as f:
+            holder = json.load(f)
+        if holder["host"] != socket.gethostname():
+            return False
+        os.kill(int(holder["pid"]), 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # being written this instant, or not ours to judge
+
+
+def convert(entries, sources, path, instructions, allow_any_image_path):
+    """Read every subset of every entry into the table at path (and its JSON), printing each subset's report."""
+    start, files, reports, rows = time.time(), [], [], 0
+    print(f"data: converting train_data into {path} (once; later runs read it in seconds)", flush=True)
+    with replaced_atomically(path) as tmp:
+        with pa.ipc.new_file(tmp, data.SCHEMA) as writer:
+            for entry, subsets in zip(entries, sources):
+                images = ImagePaths(entry["image_dir"], allow_any_image_path)
+                for dataset, subset, subset_files, split in subsets:
+                    report = SourceReport(subset, dataset, split)
+                    report.leak, report.start = dataset in mmeb.OOD_DATASETS, rows
+                    for batch in subset_batches(report, subset_files, entry["max_rows"], images, instructions,
+                                                len(reports), files):
+                        writer.write_batch(batch)
+                    rows = report.stop = rows + report.rows
+                    reports.append(report)
+                    print(f"data: {report.subset}: {report.rows:,} rows" + (f", {report.num_bad:,} bad" if report.bad
+                                                                             else ""), flush=True)
+                images.listings.clear()  # the folder listings: memory no longer needed
+    info = {"format": FORMAT, "rows": rows, "files": files, "subsets": [r.to_dict() for r in reports],
+            "instructions": instructions, "seconds": time.time() - start, "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with replaced_atomically(data.info_path(path)) as tmp:  # last: its presence says the table is whole
+        with open(tmp, "w") as f:
+            json.dump(info, f, indent=1)
+    print(f"data: {rows:,} rows of {len(reports)} subsets converted in {time.time() - start:.0f} s "
+          f"({rows / max(time.time() - start, 1e-9):,.0f} rows/s)", flush=True)
+
+
+def subset_batches(report, subset_files, max_rows, images, instructions, index, files):
+    """One subset's rows as record batches of data.SCHEMA, its report filled in as they are read. A bad row is
+    counted and left out; a subset that cannot be read, or holds no row, gets a failure."""
+    rewrite, columns, distinct = mmeb.Instructions(instructions), {name: [] for name in data.COLUMNS}, set()
+    try:
+        for path in subset_files:
+            left = None if max_rows is None else max_rows - report.rows
+            if left is not None and left <= 0:
+                break
+            files.append(path)
+            report.files[path], progress = 0, Progress(None, f"data: reading {path}", "rows", every=30.0)
+            for number, (location, record) in enumerate(read_records(path, TRAIN_COLUMNS, left), 1):
+                try:
+                    if isinstance(record, BadRow):
+                        raise record
+                    row, missing = train_row(record, images, lambda text: rewrite(text, report.dataset))
+                except BadRow as error:
+                    report.bad_row(f"{path} {location}", error)
+                    continue
+                report.layout = report.layout or ("mmE5" if "qry" in record or "pos_text" in record else "plain")
+                report.negatives[len(row["negatives"])] += 1
+                report.missing_negatives += missing
+                report.judged += row["judge"] is not None
+                if len(distinct) < DISTINCT_CAP:
+                    distinct.add((row["positive"], row["positive_image"]))
+                    distinct.update(zip(row["negatives"], row["negative_images"]))
+                row.update(subset=index, file=len(files) - 1, location=location)
+                for name in data.COLUMNS:
+                    columns[name].append(row[name])
+                report.files[path] += 1  # as it goes: a file that fails half-way keeps the rows it gave
+                if len(columns["query"]) == BATCH_ROWS:
+                    yield pa.record_batch([pa.array(columns[n], data.SCHEMA.field(n).type) for n in data.COLUMNS],
+                                          schema=data.SCHEMA)
+                    columns = {name: [] for name in data.COLUMNS}
+                if number % 4096 == 0:
+                    progress.update(4096)
+        if not report.rows and not report.bad:
+            raise UserError(f"{report.subset}: no rows in it")
+    except UserError as error:  # a file that is not Parquet, a folder without rows: the subset cannot be used
+        report.failure = str(error)
+    report.distinct = min(len(distinct), DISTINCT_CAP)
+    report.instructions = {"mode": rewrite.mode, "counts": dict(rewrite.counts)}
+    if columns["query"]:
+        yield pa.record_batch([pa.array(columns[n], data.SCHEMA.field(n).type) for n in data.COLUMNS],
+                              schema=data.SCHEMA)
+
+
+# -----------------------------------------------------------------------------
+# what a run makes of the reports
+
+def problems(subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets=False, judged=False):
+    """Why a run with these settings would not start on a table whose subsets' reports are `subsets` (dicts, as
+    data.TrainTable.subsets holds them): ['subset: problem', ...], [] when it would."""
+    found = []
+    for values in subsets:
+        report = SourceReport.from_dict(values)
+        found += [f"{report.subset}: {p}" for p in report.problems(skip_bad_rows, allow_eval_datasets,
+                                                                   num_hard_negatives, judged)]
+    return found
+
+
+def checked_table(train_data, image_dir, table_dir="data/tables", num_hard_negatives=0, train_split="original",
+                  instructions="paper", allow_any_image_path=False, skip_bad_rows=False, allow_eval_datasets=False,
+                  judged=False):
+    """The prepared table of train_data (prepared_table), refused with one UserError naming every problem a run
+    with these settings would have with it (problems). -> data.TrainTable"""
+    table = data.TrainTable(prepared_table(train_data, image_dir, table_dir, train_split, instructions,
+                                           allow_any_image_path))
+    found = problems(table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, judged)
+    if found:
+        raise UserError("train_data: " + "; ".join(found) + " (--check_data=True reports every source)")
+    return table
+
+
+def report_lines(subsets, num_hard_negatives):
+    """Every subset's report as the conversion printed it, with the fill and the cut this run makes."""
+    return [line for values in subsets for line in SourceReport.from_dict(values).lines(num_hard_negatives)]

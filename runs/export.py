@@ -1,0 +1,248 @@
+"""
+runs/export.py: a trained embedder as others use it: the export (a Hugging Face folder with the embedding spec and
+a model card), and the one loader of every checkpoint this project meets.
+
+    save_hf_folder(state_dict, spec, "out/stage2/export", info)       # train.py, at the end
+    embedder, info = load_embedder("out/stage2/export")              # or a release, or a step folder
+    embedder, info = load_embedder("out/stage1/step_002000", max_pixels=128 * 128)   # spec fields changed
+
+out_dir/export/ holds model.safetensors (LoRA merged), the release's config, tokenizer and processor files (the
+processor's size set to the spec's pixel budget), the spec (model.SPEC_FILE), pace.json (step, the training
+config) and README.md, the model card: the prompt, the pooling, the similarity, how to load it with plain
+transformers, the training config, and eval.py's table once it has run. Everything the card says of the vectors
+comes from the spec.
+"""
+import json
+import os
+import shutil
+
+import torch
+
+import lora
+from common import UserError, write_text
+from model import Embedder, EmbeddingSpec
+from runs.checkpoint import INFO, load_state, read_info, verify
+
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                 "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                 "preprocessor_config.json", "video_preprocessor_config.json")
+
+
+def save_hf_folder(state_dict, spec, out_dir, info):
+    """Write a consolidated Embedder state_dict (keys "model.visual...", "model.language_model..."; LoRA already
+    merged) as a Hugging Face folder in the release layout of spec.backbone, so Embedder.from_pretrained and plain
+    transformers (Qwen3_5ForConditionalGeneration) both load it, with the spec, pace.json (info) and the model
+    card. Atomic: written aside, then renamed. The processor's size is the spec's pixel budget, not the release's.
+    config.json says the dtype the weights are stored in (training's float32 master weights), not the release's
+    (bfloat16): plain transformers loads a folder in its config's dtype, and would compute in bf16 otherwise."""
+    from safetensors.torch import save_file
+    if any("lora_" in key for key in state_dict):
+        raise UserError("merge the LoRA adapters (lora.merge_lora) before saving a Hugging Face folder")
+    tmp_dir = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    os.makedirs(tmp_dir)
+    for name in HF_SIDE_FILES:
+        if os.path.isfile(os.path.join(spec.backbone, name)):
+            shutil.copy(os.path.join(spec.backbone, name), tmp_dir)
+    edit_json(os.path.join(tmp_dir, "preprocessor_config.json"),
+              lambda processor: dict(processor, size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}))
+    tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
+    stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
+    if len(stored) == 1:
+        edit_json(os.path.join(tmp_dir, "config.json"), lambda config: stored_dtype(config, next(iter(stored))))
+    save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
+    spec.save(tmp_dir)
+    with open(os.path.join(tmp_dir, INFO), "w") as f:
+        json.dump(info, f, indent=2)
+    with open(os.path.join(tmp_dir, "README.md"), "w") as f:
+        f.write(model_card(spec, info, out_dir))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp_dir, out_dir)
+
+
+def edit_json(path, change):
+    """Rewrite a JSON file of the folder as change(its dict) returns it; nothing when it is not there."""
+    if os.path.isfile(path):
+        with open(path) as f:
+            value = change(json.load(f))
+        with open(path, "w") as f:
+            json.dump(value, f, indent=2)
+
+
+def stored_dtype(config, dtype):
+    """A config.json (and its text and vision parts) saying its weights are stored in dtype."""
+    for part in [config] + [config[k] for k in ("text_config", "vision_config") if isinstance(config.get(k), dict)]:
+        for key in ("dtype", "torch_dtype"):
+            if key in part or (part is config and key == "dtype"):
+                part[key] = dtype
+    return config
+
+
+# -----------------------------------------------------------------------------
+# the model card
+
+CARD = '''---
+library_name: transformers
+pipeline_tag: feature-extraction
+{base_model}tags: [multimodal-embedding, qwen3_5, pace]
+---
+
+# {name}: a multimodal embedding model trained with PACE
+
+A Qwen3.5 vision-language model ({backbone_name}) turned into an embedding model: text, an image, or both
+go in; one vector comes out. Trained with PACE (Progressive Angular-to-Norm Contrastive Embedding): Stage I
+trains LoRA adapters with cosine logits, Stage II merges them and fine-tunes the whole language model with
+dot-product logits; both weight each query by the Focal Embedding Loss. This checkpoint: {what}, step {step}.
+
+## Similarity: {similarity}
+
+Rank candidates by the **{similarity}** of the query's and the candidates' embeddings. {similarity_why}
+
+## Prompt and pooling
+
+Every input, query or candidate, is encoded alone under this prompt, at most {max_length} tokens and an image
+resized to {min_pixels:,} to {max_pixels:,} pixels; the embedding is the last layer's hidden state at the final
+`<|endoftext|>` ({pooling} pooling), not normalised:
+
+```
+<|im_start|>system
+{system_prompt}<|im_end|>
+<|im_start|>user
+{{the image, as <|vision_start|><|image_pad|>...<|vision_end|>, then the text}}<|im_end|>
+<|im_start|>assistant
+<|endoftext|>
+```
+
+Queries start their text with a task instruction, e.g. "Retrieve an image that best matches the following
+description." or "Find the caption that best describes this image.".
+
+## Load it with plain transformers (text)
+
+```python
+import torch
+from transformers import Qwen3_5Model, Qwen3_5Tokenizer  # transformers 5.17 or newer
+
+path = "{folder}"
+tokenizer = Qwen3_5Tokenizer.from_pretrained(path)
+model = Qwen3_5Model.from_pretrained(path).eval()
+
+def embed(text):
+    prompt = ("<|im_start|>system\\n{system_prompt}<|im_end|>\\n<|im_start|>user\\n"
+              + text + "<|im_end|>\\n<|im_start|>assistant\\n<|endoftext|>")
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).last_hidden_state[0, -1]
+
+query = embed("Find the caption that best describes this picture: a red circle")
+candidate = embed("a red circle")
+score = {score_expression}
+```
+
+Images go through the same prompt with Qwen's image placeholders; the PACE repository's `load_embedder`
+builds them (and batches, and pools) for you:
+
+```python
+from runs.export import load_embedder   # run from the PACE repository's root
+embedder, info = load_embedder("{folder}")
+vectors = embedder.encode([{{"text": "Find the caption that best describes this image.", "image": "photo.jpg"}},
+                           {{"text": "a dog catching a frisbee", "image": None}}])
+score = {encode_score_expression}
+```
+
+## Training
+
+{training}
+
+## Evaluation
+
+{evaluation}
+'''
+EVALUATION_START = "## Evaluation\n"
+CARD_KEYS = ("init_from", "train_data", "max_iters", "batch_size", "num_hard_negatives", "learning_rate", "warmup_ratio",
+             "temperature", "focal_gamma", "focal_temperature", "weighting", "lora_rank", "lora_alpha",
+             "grad_cache_chunk", "instructions", "seed")  # the training config's keys the card lists, after the spec's
+
+
+def model_card(spec, info, folder):
+    """The README.md of an export folder (Hugging Face model card): spec says what the vectors are, info (its
+    pace.json) how the model was trained."""
+    config, dot = info.get("config", {}), spec.similarity == "dot"
+    rows = [(f"`{k}`", f"`{v!r}`") for k, v in spec.to_dict().items()]
+    rows += [(f"`{k}`", f"`{config[k]!r}`") for k in CARD_KEYS if k in config]
+    backbone = os.path.basename(os.path.normpath(spec.backbone))
+    trained = "dot-product" if dot else "cosine"
+    trained += " training of LoRA adapters (merged here)" if info.get("trained_lora_rank") else \
+        " training of the whole language model"
+    return CARD.format(
+        base_model=f"base_model: Qwen/{backbone}\n" if backbone.startswith("Qwen3.5-") else "",
+        name=os.path.basename(os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=backbone or "Qwen3.5",
+        what=trained, step=info.get("step", "?"), similarity="dot product" if dot else "cosine",
+        similarity_why=("The norms carry meaning after Stage II: do not normalise the vectors." if dot else
+                        "It was trained with cosine logits: normalise the vectors (or use cosine similarity)."),
+        max_length=spec.max_length, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
+        pooling=spec.pooling.replace("_", "-"), folder=folder, system_prompt=spec.system_prompt,
+        score_expression="query @ candidate" if dot else "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
+        encode_score_expression="vectors[0] @ vectors[1]" if dot else
+        "torch.nn.functional.cosine_similarity(vectors[0], vectors[1], dim=0)",
+        training="| key | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows),
+        evaluation="Not evaluated yet: `python eval.py --init_from=<this folder> ...` in the PACE repository "
+                   "writes its MMEB table here.")
+
+
+def add_evaluation(folder, text):
+    """Replace the Evaluation section of folder's model card with `text` (eval.py's table), if it has a card."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        card = f.read()
+    head = card.split(EVALUATION_START)[0]
+    write_text(path, head + EVALUATION_START + "\n" + text.rstrip() + "\n")
+    return True
+
+
+# -----------------------------------------------------------------------------
+# loading any checkpoint
+
+def load_embedder(path, dtype=torch.float32, **changes):
+    """Any checkpoint this project meets -> (model.Embedder, info), its spec with `changes` (EmbeddingSpec
+    fields: similarity=..., max_length=..., max_pixels=...; 0, None or '' keep a field):
+    - a Hugging Face folder (a release or an export/): loaded as is; info is its pace.json ({} for a release);
+    - a training step folder (out_dir/step_NNNNNN of train.py): its files are verified against pace.json, the
+      backbone its spec names is loaded under that spec, LoRA adapters are injected if that run trained them, and
+      the sharded weights are read with torch.distributed.checkpoint (in one process, or on every rank alike),
+      through runs.checkpoint.load_state, so a step folder from elsewhere cannot run code here.
+    export/ (safetensors) is still the format to share: it needs neither this repository nor the backbone."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise UserError(f"{path!r} does not exist (or is not a folder): expected a Hugging Face folder (a release or "
+                        "an export/) or a training step folder")
+    info = read_info(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return Embedder.from_pretrained(path, dtype, **changes), info
+    if not info or not os.path.isfile(os.path.join(path, ".metadata")):
+        raise UserError(f"{path!r} is neither a Hugging Face folder (config.json) nor a training step folder "
+                        f"({INFO} and .metadata)")
+    verify(path)
+    spec = EmbeddingSpec.load(path)
+    if spec is None:
+        raise UserError(f"{path}: a step folder without its embedding spec (written before specs were kept): "
+                        "export it with the version that wrote it")
+    if not os.path.isfile(os.path.join(spec.backbone, "config.json")):
+        raise UserError(f"{path} was trained from the backbone {spec.backbone!r}, which is not here: put it there "
+                        "(or a link to it), or export the run (train.py --resume=True --export_only=True)")
+    embedder = Embedder.from_pretrained(spec.backbone, dtype, spec=spec, **changes)
+    if info.get("lora_rank", 0) > 0:
+        lora.inject_lora(embedder.model, info["lora_rank"], info["lora_alpha"])
+    state = {"model": get_model_state_dict(embedder)}
+    load_state(state, path)
+    set_model_state_dict(embedder, state["model"])
+    return embedder, info
+
+
+def load_for_inference(path, dtype, device, **changes):
+    """load_embedder as eval.py, tools/search.py and tools/mine.py use it: dtype a name ('float32', 'bfloat16'), the
+    model on device in eval mode, the spec's fields changed as `changes` say. -> (embedder, info)"""
+    embedder, info = load_embedder(path, getattr(torch, dtype), **changes)
+    return embedder.to(device).eval(), info

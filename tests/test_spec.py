@@ -1,0 +1,93 @@
+"""
+The one embedding spec (model.EmbeddingSpec): every field reaches everything that derives from it, so a new field
+cannot be half-registered: the spec file beside the weights (step folders and exports), the model card, the resume
+check and train.py's config keys, eval.py's cache key, and every loader (runs/export.py's, eval.py's, the tools').
+
+    python -m pytest -q tests/test_spec.py
+"""
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+import configurator
+import eval as evaluation
+from common import UserError
+from model import SPEC_FILE, Embedder, EmbeddingSpec
+from runs import outdir
+from runs.export import load_embedder, model_card
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# a value other than the default for every field: a new field must be given one here, and so checked below
+CHANGED = {"system_prompt": "Represent this item for retrieval.", "pooling": "mean_for_this_test",
+           "similarity": "dot", "max_length": 300, "min_pixels": 2048, "max_pixels": 8192,
+           "backbone": "/models/another-release"}
+
+
+@pytest.fixture
+def changed_spec(monkeypatch):
+    """A spec whose every field differs from the default (a pooling only this test knows, so it validates)."""
+    monkeypatch.setattr(EmbeddingSpec, "POOLINGS", EmbeddingSpec.POOLINGS + ("mean_for_this_test",))
+    return EmbeddingSpec(**CHANGED)
+
+
+def test_every_field_has_a_changed_value_here():
+    assert set(CHANGED) == set(EmbeddingSpec.fields())
+    assert all(getattr(EmbeddingSpec(), field) != value for field, value in CHANGED.items())
+
+
+def test_every_field_is_kept_beside_the_weights_and_said_in_the_model_card(changed_spec, tmp_path):
+    changed_spec.save(str(tmp_path))
+    assert EmbeddingSpec.load(str(tmp_path)) == changed_spec  # what step folders and exports hold
+    assert json.load(open(tmp_path / SPEC_FILE)) == dataclasses.asdict(changed_spec)
+    card = model_card(changed_spec, {"step": 3, "config": {"seed": 1}}, str(tmp_path / "export"))
+    for field, value in CHANGED.items():
+        assert f"| `{field}` | `{value!r}` |" in card, field  # every field in the card's table
+    assert CHANGED["system_prompt"] in card.split("## Load it with plain transformers")[1]  # and in its snippet
+    (tmp_path / SPEC_FILE).write_text(json.dumps(dict(CHANGED, colour="red")))
+    with pytest.raises(UserError, match=r"embedding_spec.json: not an embedding spec .*colour"):
+        EmbeddingSpec.load(str(tmp_path))
+
+
+def test_every_field_is_a_training_key_a_resume_may_not_change():
+    keys = configurator.key_comments(os.path.join(ROOT, "train.py"))  # train.py's config keys, read off its source
+    for field in EmbeddingSpec.fields():
+        if field == "backbone":  # the lineage: it follows init_from, which a resume may not change either
+            assert "init_from" in outdir.DEFINING
+            continue
+        assert field in keys and field in outdir.DEFINING, field
+        before = {field: getattr(EmbeddingSpec(), field), "learning_rate": 1e-3}
+        with pytest.raises(UserError, match=field):
+            outdir.resume_changes(before, dict(before, **{field: CHANGED[field]}), allow_config_change=False)
+
+
+def test_every_field_changes_evals_cache_key(changed_spec, tmp_path):
+    (tmp_path / "Set").mkdir()
+    (tmp_path / "Set" / "test.parquet").write_bytes(b"rows")
+    key = lambda spec: evaluation.dataset_key("Set", str(tmp_path / "Set"), spec, "fingerprint", {"seed": 0})  # noqa: E731
+    default = key(EmbeddingSpec())
+    for field, value in CHANGED.items():
+        assert key(dataclasses.replace(EmbeddingSpec(), **{field: value})) != default, field
+
+
+def test_every_loader_gives_the_spec_an_export_holds(tiny_checkpoint, tmp_path):
+    export = str(tmp_path / "export")
+    shutil.copytree(tiny_checkpoint, export)
+    spec = EmbeddingSpec(**dict(CHANGED, pooling="last_token", backbone=tiny_checkpoint))  # a pooling Embedder runs
+    spec.save(export)
+    loaded = Embedder.from_pretrained(export)
+    assert loaded.spec == spec == load_embedder(export)[0].spec  # the model's loader and runs/export.py's
+    prompt = loaded.preprocessor.tokenizer.decode(loaded.preprocessor("x")["input_ids"])
+    assert spec.system_prompt in prompt  # the spec builds the prompt
+    assert loaded.preprocessor.image_processor.size == {"shortest_edge": 2048, "longest_edge": 8192}
+    assert loaded.preprocessor.max_length == 300
+    again = load_embedder(export, max_pixels=4096, similarity="cos")[0].spec  # a caller's changes, field by field
+    assert (again.max_pixels, again.similarity, again.system_prompt) == (4096, "cos", spec.system_prompt)
+    assert load_embedder(export, max_pixels=0, similarity="")[0].spec == spec  # 0 and '': the export's own
+    release = Embedder.from_pretrained(tiny_checkpoint).spec  # a release: the defaults, itself the backbone
+    assert release.backbone == tiny_checkpoint and release.similarity == "cos"
+    assert release.max_pixels == 128 * 128  # its own image processor's budget, in numbers
+    with pytest.raises(UserError, match=r"pooling.*'last_token'.*'mean'"):  # the choices and the value
+        EmbeddingSpec(pooling="mean")
