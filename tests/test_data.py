@@ -522,15 +522,27 @@ def test_one_writer_converts_while_the_others_wait(tmp_path):
     import subprocess as sp
     import threading
     from readers.training import prepared_table
+    import contextlib
+    import io
+    import multiprocessing
     source = write_jsonl(tmp_path / "rows.jsonl", [record(i) for i in range(3000)])
-    code = ("import sys; from readers.training import prepared_table; "
-            f"print('PATH', prepared_table({source!r}, {str(tmp_path)!r}, {str(tmp_path / 'tables')!r}))")
-    ranks = [sp.Popen([sys.executable, "-c", code], cwd=REPO, text=True, stdout=sp.PIPE, stderr=sp.STDOUT)
-             for _ in range(3)]  # three ranks start at once
-    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
-    assert all(rank.returncode == 0 for rank in ranks), outputs
-    assert sum("converting" in output for output in outputs) == 1  # one wrote it
-    assert len({line for output in outputs for line in output.splitlines() if line.startswith("PATH")}) == 1
+    results = multiprocessing.get_context("fork").Queue()
+
+    def rank():  # a forked process, as a rank of its own: its output and the path it got
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            path = prepared_table(source, str(tmp_path), str(tmp_path / "tables"))
+        results.put((out.getvalue(), path))
+
+    ranks = [multiprocessing.get_context("fork").Process(target=rank) for _ in range(3)]  # three ranks at once
+    for process in ranks:
+        process.start()
+    outputs = [results.get(timeout=120) for _ in ranks]
+    for process in ranks:
+        process.join(timeout=60)
+    assert all(process.exitcode == 0 for process in ranks), outputs
+    assert sum("converting" in output for output, _ in outputs) == 1  # one wrote it
+    assert len({path for _, path in outputs}) == 1
     # a lock left by a writer that died on this host is taken over; another host's is waited for, and said so
     other = write_jsonl(tmp_path / "other.jsonl", [record(i) for i in range(5)])
     dead = sp.Popen([sys.executable, "-c", "pass"])

@@ -97,12 +97,15 @@ def test_tiny_study_end_to_end_then_resumed(tmp_path, monkeypatch, tiny_checkpoi
     data_dir = str(tmp_path / "shapes")
     prepare(data_dir, seed=0, num_train=120, num_eval=12)
     shutil.copytree(tiny_checkpoint, os.path.join(data_dir, "tiny-qwen3.5"))
-    argv = ["--seeds=7", "--methods=pace", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'study'}",
+    # one method of one stage: the real train.py and eval.py jobs and the geometry drawn from them (the two-stage
+    # chaining of flags is test_jobs_share_stage1_runs_and_follow_the_paper's)
+    argv = ["--seeds=7", "--methods=vlm2vec", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'study'}",
             "--batch_size=4", "--start_step=1", "--stage2_steps=1"]
     study.main(argv)
     with open(tmp_path / "study" / "results.json") as f:
-        pace = json.load(f)["methods"]["pace"]
-    assert pace["seeds"] == [7] and 0 <= pace["overall"]["mean"] <= 100
+        vlm2vec = json.load(f)["methods"]["vlm2vec"]
+    assert vlm2vec["seeds"] == [7] and 0 <= vlm2vec["overall"]["mean"] <= 100
+    assert vlm2vec["random_pair_mean_cos"]["mean"] is not None  # tools/geometry.py's, drawn from eval.py's sample
     assert os.path.isfile(tmp_path / "study" / "geometry.png") and os.path.isfile(tmp_path / "study" / "results.md")
     monkeypatch.setattr(study.subprocess, "Popen", None)  # a second run must start nothing
     study.main(argv)

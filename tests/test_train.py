@@ -1,8 +1,8 @@
 """
 train.py as only whole runs show it, on the toy benchmark with a tiny Qwen3.5 (CPU), each through the real script:
-the straight run (checkpoints, export, undecodable images passed over), resumed vs straight past a broken
-checkpoint, 2 gloo ranks with GradCache preempted by SIGTERM and resumed vs one plain process, Ctrl-C under more
-signals with time-based checkpoints and the RNG restored, Stage II from a Stage I step folder and its export's
+the straight run (checkpoints, export, undecodable images passed over), 2 gloo ranks with GradCache preempted by
+SIGTERM and resumed vs one plain process, Ctrl-C under more signals with time-based checkpoints, then a resume past
+a broken checkpoint vs the straight run (the RNG restored), Stage II from a Stage I step folder and its export's
 model card, a run whose weights break, a finished run left alone. What a function shows (the lock, the refusals,
 the resume check, the loaders) is tests/test_runs.py's; the step's equivalences are tested in process here too.
 
@@ -61,32 +61,6 @@ def test_the_straight_run_writes_checkpoints_export_and_passes_over_bad_images(s
 
 
 @slow
-def test_resume_reproduces_the_straight_run_past_a_broken_checkpoint(toy, straight, tmp_path):
-    out, records = straight
-    resumed = str(tmp_path / "resumed")
-    shutil.copytree(out, resumed)
-    shard = os.path.join(resumed, "step_000004", "__0_0.distcp")
-    with open(shard, "r+b") as f:  # one byte changed, the size kept: only the checksum can tell
-        f.seek(os.path.getsize(shard) // 2)
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.makedirs(os.path.join(resumed, "step_000003.tmp"))  # a checkpoint a crash left half-written
-    returncode, output = launch(toy, resumed, "--max_iters=4", "--checkpoint_interval=2", "--resume=True",
-                                "--num_workers=1")
-    assert returncode == 0, output[-6000:]
-    assert f"removed {resumed}/step_000003.tmp" in output
-    assert re.search(r"step_000004: .*__0_0\.distcp.*CRC-32.*trying the checkpoint before it", output)
-    assert f"resumed from {resumed}/step_000002 at step 2" in output
-    again = read_log(resumed)
-    assert [r["step"] for r in again] == [1, 2, 3, 4]  # the log keeps steps 1-2, then the resumed 3-4
-    for step in (3, 4):
-        assert losses(again)[step] == pytest.approx(losses(records)[step], rel=1e-6, abs=1e-7)
-        assert again[step - 1]["skipped_rows"] == records[step - 1]["skipped_rows"]  # the same rows passed over
-    assert losses(records)[4] != pytest.approx(losses(records)[2], rel=1e-6)  # the model did move
-
-
-@slow
 def test_two_ranks_with_grad_cache_preempted_and_resumed_equal_one_plain_process(toy, straight, tmp_path):
     # one launch shows three equivalences: FSDP2 on two gloo ranks against one process; GradCache (chunked
     # re-forward, gradient sync on the last chunk only, with activation checkpointing) against the plain step; and
@@ -117,9 +91,11 @@ def test_two_ranks_with_grad_cache_preempted_and_resumed_equal_one_plain_process
 
 
 @slow
-def test_ctrl_c_saves_under_more_signals_time_based_checkpoints_and_the_rng_is_restored(toy, straight_random, tmp_path):
-    # weighting='random' draws every step's query weights from torch's RNG: the resumed run must draw what the
-    # straight run drew (the DataLoader has its own generator, so starting it takes nothing from that RNG)
+def test_ctrl_c_saves_and_the_resume_past_a_broken_checkpoint_is_the_straight_run(toy, straight_random, tmp_path):
+    # Ctrl-C and more signals during the save, time-based checkpoints, then a resume past a checkpoint whose shard
+    # has one byte changed and a .tmp a crash left. weighting='random' draws every step's query weights from torch's
+    # RNG: the resumed run must draw what the straight run drew (the DataLoader has its own generator, so starting
+    # it takes nothing from that RNG)
     out, output = str(tmp_path / "interrupted"), []
     run = launch(toy, out, "--max_iters=4", "--checkpoint_interval=100", "--checkpoint_minutes=0.0001",
                  "--keep_last=10", "--num_workers=1", "--weighting='random'", popen=True)
@@ -137,11 +113,26 @@ def test_ctrl_c_saves_under_more_signals_time_based_checkpoints_and_the_rng_is_r
     steps = [int(p[-6:]) for p in checkpoint.complete(out)]
     assert steps == list(range(1, stopped + 1))  # checkpoint_minutes elapsed after every step: each one saved
     assert all(checkpoint.verify(p) for p in checkpoint.complete(out))
-    resumed = run_train(toy, out, "--max_iters=4", "--checkpoint_interval=100", "--resume=True", "--num_workers=1",
+    shard = os.path.join(checkpoint.step_path(out, stopped), "__0_0.distcp")
+    with open(shard, "r+b") as f:  # one byte changed, the size kept: only the checksum can tell
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.makedirs(checkpoint.step_path(out, 9) + ".tmp")  # a checkpoint a crash left half-written
+    code, text = launch(toy, out, "--max_iters=4", "--checkpoint_interval=100", "--resume=True", "--num_workers=1",
                         "--weighting='random'")
+    assert code == 0, text[-6000:]
+    assert f"removed {checkpoint.step_path(out, 9)}.tmp" in text
+    assert re.search(rf"step_{stopped:06d}: .*__0_0\.distcp.*CRC-32.*trying the checkpoint before it", text)
+    assert f"resumed from {checkpoint.step_path(out, stopped - 1)} at step {stopped - 1}" in text
+    resumed = read_log(out)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # the log keeps the steps before, then the resumed ones
     assert_same_run(straight_random[1], resumed)
-    for a, b in zip(straight_random[1], resumed):  # the random weights drawn: the same numbers
+    for a, b in zip(straight_random[1], resumed):  # the random weights drawn, the rows passed over: the same
         assert b["weight_max"] == pytest.approx(a["weight_max"], rel=1e-6)
+        assert b["skipped_rows"] == a["skipped_rows"]
+    assert losses(resumed)[4] != pytest.approx(losses(resumed)[2], rel=1e-6)  # the model did move
 
 
 def sorted_image(toy):
