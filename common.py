@@ -1,8 +1,8 @@
 """
 common.py: what every script needs around its work (nanochat's common.py in spirit): the process and its device,
-progress lines, one-line errors for the mistakes a user must fix, atomic writes, Weights & Biases, and the one
-convention of the data every layer shares (IMAGE_MARKER). It imports no other module of this project, so every
-module may import it.
+progress lines, one-line errors for the mistakes a user must fix, atomic writes, lock files, Weights & Biases, and
+the one convention of the data every layer shares (IMAGE_MARKER). It imports no other module of this project, so
+every module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import time
 import uuid
@@ -231,6 +232,50 @@ def write_text(path, text, since=None):
 def write_json(path, value, since=None):
     """Write JSON atomically, indented (tuples become lists)."""
     write_text(path, json.dumps(value, indent=2) + "\n", since)
+
+
+# -----------------------------------------------------------------------------
+# lock files: one run of an out_dir (runs/outdir.py), one writer of a prepared table (readers/training.py)
+
+def lock_record(**fields):
+    """What a lock file holds of the process taking it: its host, pid and start time (process_start), and fields."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid()), **fields}
+
+
+def read_lock(path):
+    """A lock file's record (lock_record), or None when there is none or it is empty (being written, or cut short)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def process_start(pid):
+    """When process pid started (clock ticks since boot, /proc/<pid>/stat), so a pid the system reused for another
+    process is told apart; None when there is no such process. Without /proc: True while the pid exists."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command in parentheses
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(int(pid), 0)
+            return True
+        except OSError:
+            return None
+
+
+def alive_here(record):
+    """True when a lock's process runs on this host: its pid exists and started when the lock says."""
+    if record.get("host") != socket.gethostname():
+        return False
+    try:
+        started = process_start(record["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return started is not None and started == record.get("process_start", started)
 
 
 # -----------------------------------------------------------------------------

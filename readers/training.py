@@ -40,7 +40,7 @@ import time
 import pyarrow as pa
 
 import data
-from common import Progress, UserError, replaced_atomically
+from common import Progress, UserError, alive_here, lock_record, read_lock, replaced_atomically
 from readers import mmeb
 from readers.records import (DATA_SUFFIXES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport, data_files, is_junk,
                              read_records, split_files, train_row)
@@ -149,7 +149,7 @@ def prepared_table(train_data, image_dir, table_dir="data/tables", train_split="
             waited += 1.0
             continue
         with os.fdopen(descriptor, "w") as f:
-            json.dump({"host": socket.gethostname(), "pid": os.getpid()}, f)
+            json.dump(lock_record(), f)
         try:
             if not os.path.isfile(data.info_path(path)):  # another writer may have finished just before
                 convert(entries, sources, path, instructions, allow_any_image_path)
@@ -159,27 +159,16 @@ def prepared_table(train_data, image_dir, table_dir="data/tables", train_split="
 
 
 def lock_holder(lock):
-    try:
-        with open(lock) as f:
-            holder = json.load(f)
-        return f"pid {holder['pid']} on {holder['host']}"
-    except (OSError, ValueError, KeyError):
-        return "another process"
+    holder = read_lock(lock)
+    known = holder is not None and {"pid", "host"} <= set(holder)
+    return f"pid {holder['pid']} on {holder['host']}" if known else "another process"
 
 
 def lock_is_stale(lock):
-    """True when the lock's writer ran on this host and no longer runs (its pid is gone)."""
-    try:
-        with open(lock) as f:
-            holder = json.load(f)
-        if holder["host"] != socket.gethostname():
-            return False
-        os.kill(int(holder["pid"]), 0)
-        return False
-    except ProcessLookupError:
-        return True
-    except (OSError, ValueError, KeyError, TypeError):
-        return False  # being written this instant, or not ours to judge
+    """True when the lock's writer ran on this host and no longer runs (its pid is gone, or now another process's)."""
+    holder = read_lock(lock)
+    here = holder is not None and "pid" in holder and holder.get("host") == socket.gethostname()
+    return here and not alive_here(holder)
 
 
 def convert(entries, sources, path, instructions, allow_any_image_path):

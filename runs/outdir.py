@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 
-from common import UserError, write_json
+from common import UserError, alive_here, lock_record, read_lock, write_json
 from model import EmbeddingSpec
 from runs.checkpoint import complete, read_info, remove, verify
 
@@ -42,57 +42,20 @@ NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "
 # -----------------------------------------------------------------------------
 # one run at a time
 
-def lock_holder(path):
-    """The lock file's record ({"host", "pid", "started", "command"}), or None if there is none (or it is empty)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def process_start(pid):
-    """When process pid started (clock ticks since boot, /proc/<pid>/stat), so a pid the system reused for another
-    process is told apart; None when there is no such process. Without /proc: True while the pid exists."""
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command in parentheses
-    except FileNotFoundError:
-        return None
-    except OSError:
-        try:
-            os.kill(int(pid), 0)
-            return True
-        except OSError:
-            return None
-
-
-def alive_here(record):
-    """True when the lock's process runs on this host: its pid exists and started when the lock says."""
-    if record.get("host") != socket.gethostname():
-        return False
-    try:
-        started = process_start(record["pid"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    return started is not None and started == record.get("process_start", started)
-
-
 def take_lock(out_dir):
     """Hold out_dir's lock for this run: out_dir/run.lock, created exclusively, holding host, pid, start time and
     command. A lock of a live run is refused naming it; one whose process no longer exists on this host is taken
     over with a message; one from another host is refused with the way to clear it. -> the lock's path"""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, LOCK)
-    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": " ".join(sys.argv), "process_start": process_start(os.getpid())}
+    record = lock_record(started=time.strftime("%Y-%m-%d %H:%M:%S"), command=" ".join(sys.argv))
     for _ in range(2):
         try:
             with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
                 json.dump(record, f)
             return path
         except FileExistsError:
-            holder = lock_holder(path)
+            holder = read_lock(path)
             if holder is None:
                 print(f"note: {path} was empty (a run that stopped while taking it): taking it over")
             elif alive_here(holder):
@@ -112,7 +75,7 @@ def take_lock(out_dir):
 
 def release_lock(path):
     """Give the lock back, if it is still this process's."""
-    if path and (lock_holder(path) or {}).get("pid") == os.getpid():
+    if path and (read_lock(path) or {}).get("pid") == os.getpid():
         os.remove(path)
 
 

@@ -519,19 +519,22 @@ def test_the_table_is_converted_once_and_read_through_a_memory_map(tmp_path, cap
 
 @pytest.mark.slow
 def test_one_writer_converts_while_the_others_wait(tmp_path):
-    import subprocess as sp
-    import threading
-    from readers.training import prepared_table
     import contextlib
     import io
     import multiprocessing
+    import socket
+    import subprocess
+    import threading
+
+    from common import lock_record
+    from readers import training
     source = write_jsonl(tmp_path / "rows.jsonl", [record(i) for i in range(3000)])
     results = multiprocessing.get_context("fork").Queue()
 
     def rank():  # a forked process, as a rank of its own: its output and the path it got
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            path = prepared_table(source, str(tmp_path), str(tmp_path / "tables"))
+            path = training.prepared_table(source, str(tmp_path), str(tmp_path / "tables"))
         results.put((out.getvalue(), path))
 
     ranks = [multiprocessing.get_context("fork").Process(target=rank) for _ in range(3)]  # three ranks at once
@@ -543,28 +546,38 @@ def test_one_writer_converts_while_the_others_wait(tmp_path):
     assert all(process.exitcode == 0 for process in ranks), outputs
     assert sum("converting" in output for output, _ in outputs) == 1  # one wrote it
     assert len({path for _, path in outputs}) == 1
-    # a lock left by a writer that died on this host is taken over; another host's is waited for, and said so
+    # a lock left by a writer that died on this host, or whose pid now runs another process, is taken over
     other = write_jsonl(tmp_path / "other.jsonl", [record(i) for i in range(5)])
-    dead = sp.Popen([sys.executable, "-c", "pass"])
+    target = training.table_path(training.train_entries(other, str(tmp_path)),
+                                 [training.train_subsets(other, "original")], str(tmp_path / "tables"), "original",
+                                 "paper", False)
+
+    def convert_aside(lines):  # in a thread (a daemon), so a writer that waits for ever fails the test, not hangs it
+        thread = threading.Thread(target=lambda: lines.append(training.prepared_table(other, str(tmp_path),
+                                                                                      str(tmp_path / "tables"))))
+        thread.daemon = True
+        thread.start()
+        return thread
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    lock = str(tmp_path / "tables" / "other-") + "{}.arrow.lock"
-    from readers import training
-    entries = training.train_entries(other, str(tmp_path))
-    target = training.table_path(entries, [training.train_subsets(other, "original")], str(tmp_path / "tables"),
-                                 "original", "paper", False)
-    json.dump({"host": __import__("socket").gethostname(), "pid": dead.pid}, open(target + ".lock", "w"))
-    assert prepared_table(other, str(tmp_path), str(tmp_path / "tables")) == target
-    os.remove(target), os.remove(target[:-6] + ".json")
+    reused = lock_record()
+    for holder in ({"host": socket.gethostname(), "pid": dead.pid}, dict(reused, process_start=reused["process_start"] + 1)):
+        json.dump(holder, open(target + ".lock", "w"))
+        lines = []
+        convert_aside(lines).join(timeout=60)
+        assert lines == [target] and not os.path.exists(target + ".lock"), holder
+        os.remove(target)
+        os.remove(target[:-len(".arrow")] + ".json")
+    # another host's writer is not ours to judge: this waits, and converts once the lock is gone
     json.dump({"host": "elsewhere", "pid": 1}, open(target + ".lock", "w"))
     lines = []
-    waiting = threading.Thread(target=lambda: lines.append(prepared_table(other, str(tmp_path), str(tmp_path / "tables"))))
-    waiting.start()
+    waiting = convert_aside(lines)
     time.sleep(1.5)
-    assert waiting.is_alive() and not lines  # another host's writer: not ours to judge, so this waits
+    assert waiting.is_alive() and not lines
     os.remove(target + ".lock")  # it finished or was cleared: the waiter converts
     waiting.join(timeout=60)
     assert lines == [target] and os.path.isfile(target)
-    del lock
 
 
 def test_your_own_rows_in_the_plain_layout_need_no_code(tmp_path):
