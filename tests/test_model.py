@@ -2,17 +2,15 @@
 import os
 
 import pytest
-
-from common import UserError
 import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from common import IMAGE_MARKER
+from common import IMAGE_MARKER, UserError
 from model import Embedder, EmbeddingSpec, Preprocessor, load_image
+from shapes.tiny_model import make_tiny_checkpoint
 
 SYSTEM_PROMPT = EmbeddingSpec().system_prompt
-from shapes.tiny_model import make_tiny_checkpoint
 
 
 def _images():
