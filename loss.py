@@ -140,8 +140,13 @@ def check_inputs(q, c, targets, weighting, judge_scores, own_candidates):
         if judge_scores.shape != own_candidates.shape or not judge_scores.is_floating_point():
             raise ValueError(f"judge_scores must be a float tensor shaped like own_candidates "
                              f"{tuple(own_candidates.shape)}, got {tuple(judge_scores.shape)} {judge_scores.dtype}")
-        if own_candidates.device.type == "cpu" and not torch.equal(own_candidates[:, 0], targets):
-            raise ValueError("own_candidates[:, 0] must be each query's positive, its target")
+        if own_candidates.device.type == "cpu":  # free on the CPU only, as targets' range above
+            if not torch.isfinite(judge_scores).all():
+                raise ValueError("judge_scores must be finite")
+            if own_candidates.min() < 0 or own_candidates.max() >= c.shape[0]:
+                raise ValueError(f"own_candidates must index the local candidates, 0 <= index < {c.shape[0]}")
+            if not torch.equal(own_candidates[:, 0], targets):
+                raise ValueError("own_candidates[:, 0] must be each query's positive, its target")
 
 
 def query_weights(weighting, gamma, confidence, cos, positive):

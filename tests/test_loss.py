@@ -7,6 +7,7 @@ alignment (eqs. U1-U4) against a float64 loop, and two gloo ranks against one pr
     python -m pytest -q tests/test_loss.py
 """
 
+import math
 import os
 import socket
 import sys
@@ -307,6 +308,11 @@ def test_judge_arguments_are_checked():
         pace_loss(q, c, targets, judge_scores=HAND_JUDGE, own_candidates=own.flip(1))
     with pytest.raises(ValueError, match=r"judge_scores.*\(5, 4\).*\(5, 3\)"):  # the shapes it has and needs
         pace_loss(q, c, targets, judge_scores=HAND_JUDGE[:, :3], own_candidates=own)
+    with pytest.raises(ValueError, match=rf"own_candidates.*< {c.shape[0]}"):  # an index past the local c
+        pace_loss(q, c, targets, judge_scores=HAND_JUDGE, own_candidates=torch.cat([own[:, :1], own[:, 1:] + 100], 1))
+    with pytest.raises(ValueError, match="judge_scores must be finite"):
+        pace_loss(q, c, targets, judge_scores=HAND_JUDGE.clone().index_fill_(1, torch.tensor([2]), math.nan),
+                  own_candidates=own)
 
 
 def free_port():
