@@ -75,7 +75,11 @@ class TrainTable:
 
     def column(self, name):
         if self.pid != os.getpid():
-            table = pa.ipc.open_file(pa.memory_map(self.path)).read_all()  # zero-copy: the map's pages
+            try:
+                table = pa.ipc.open_file(pa.memory_map(self.path)).read_all()  # zero-copy: the map's pages
+            except (OSError, pa.ArrowInvalid) as error:  # missing, cut short, or not a table
+                raise UserError(f"{self.path}: cannot read it as a prepared table ({error}): delete it and "
+                                f"{self.info_path}, and convert again") from None
             if table.num_rows != len(self):
                 raise UserError(f"{self.path}: {table.num_rows:,} rows, its {self.info_path} says {len(self):,}: "
                                 "delete both and convert again")
