@@ -2,7 +2,7 @@
 shapes/pretrain.py: a brief, deterministic pretraining of the toy's tiny Qwen3.5 on the toy's training scenes, so
 that Stage I starts, as the paper's does, from a backbone that already ties words to pictures.
 
-    python -m shapes.prepare                                     # writes the toy and calls this (--no-pretrain: not)
+    python -m shapes.prepare                                     # writes the toy and calls this (--pretrain=False: not)
     python -m shapes.pretrain                                    # pretrains data/shapes/tiny-qwen3.5 in place
     python -m shapes.pretrain --checkpoint=/tmp/tiny --steps=20  # another folder, a shorter run
     python -m shapes.pretrain --norms_of=data/shapes/tiny-qwen3.5  # only the spread of its evaluation norms
@@ -153,7 +153,7 @@ def load(checkpoint):
     from model import Embedder, Preprocessor
     if not os.path.isfile(os.path.join(checkpoint, "config.json")):
         raise UserError(f"{checkpoint!r} is not a Hugging Face checkpoint folder (no config.json): write one with "
-                        "python -m shapes.prepare --no-pretrain")
+                        "python -m shapes.prepare --pretrain=False")
     model = Qwen3_5ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32, local_files_only=True,
                                                             attn_implementation="sdpa")
     preprocessor = Preprocessor.from_pretrained(checkpoint, max_length=512)

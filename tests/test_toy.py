@@ -151,3 +151,9 @@ def test_prepare_command_line_pretrains_unless_told_not_to(tmp_path, capsys):
     assert "pretraining step 8/8" in capsys.readouterr().out
     prepare.main([f"--out_dir={tmp_path / 'pretrained'}", "--pretrain=False", *small])  # random again: no stale record
     assert not os.path.exists(os.path.join(tmp_path, "pretrained", "tiny-qwen3.5", pretrain.RECORD))
+    with pytest.raises(UserError) as error:  # pretraining a folder with no model names the command that writes one
+        pretrain.load(str(tmp_path / "nothing"))
+    command = str(error.value).split("write one with ")[1].split()
+    assert command[:3] == ["python", "-m", "shapes.prepare"]
+    prepare.main([f"--out_dir={tmp_path / 'told'}", *small, *command[3:]])  # its flags are prepare's own
+    assert not os.path.exists(os.path.join(tmp_path, "told", "tiny-qwen3.5", pretrain.RECORD))
