@@ -32,6 +32,7 @@ import configurator  # noqa: E402
 from common import IMAGE_MARKER, UserError, install_error_hook, replaced_atomically  # noqa: E402
 from model import load_image  # noqa: E402
 from runs.outdir import read_log  # noqa: E402
+from tools.geometry import format_number  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # config of the command line (every default can be overridden by --key=value)
@@ -137,11 +138,6 @@ def flatten(ax, values, log_y):
 # -----------------------------------------------------------------------------
 # geometry diagnostics
 
-def number(value, digits=2):
-    """value with digits decimals; "-" where it is undefined (None)."""
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def geometry(numbers, title=""):
     """tools/geometry.py's summary() -> a Figure of three panels: the random-pair cosines, the matched pairs' log
     norm product against cosine, the PCA of the directions by norm percentile."""
@@ -152,16 +148,16 @@ def geometry(numbers, title=""):
     histogram.hist(cosines, bins=40, range=(-1, 1), density=len(cosines) > 0, histtype="step", linewidth=1.5,
                    label=f"{len(cosines):,} drawn pairs")
     histogram.set(xlim=(-1, 1), xlabel="cos", ylabel="density", title=f"random pairs: mean cos "
-                  f"{number(numbers['random_pair_mean_cos'], 3)} over all {numbers['num_random_pairs']:,}")
+                  f"{format_number(numbers['random_pair_mean_cos'], 3)} over all {numbers['num_random_pairs']:,}")
     histogram.legend(fontsize=8)
-    norm = number(numbers["query_norm"]["mean"])
+    norm = format_number(numbers["query_norm"]["mean"])
     pairs.set(title="matched pairs", xlabel="standardised log(|q| |c+|)", ylabel="cos(q, c+)")
     if numbers["all_norms_equal"]:  # no norm to standardise: the points would be rounding noise
         note(pairs, f"all norms {norm}: no norm to standardise")
     else:
         pairs.scatter(numbers["pairs"]["standardised_log_norm_product"], numbers["pairs"]["cos_positive"], s=6,
                       alpha=0.5)
-        note(pairs, f"r = {number(numbers['norm_cos_pearson_r'])}")
+        note(pairs, f"r = {format_number(numbers['norm_cos_pearson_r'])}")
     draw_pca(figure, pca, numbers)
     figure.suptitle(title)
     return figure
@@ -185,14 +181,14 @@ def draw_pca(figure, ax, numbers):
     points = ax.scatter(x[order], y[order], s=14, **colour)
     points.set_paths([marker_path("o" if q else "^") for q in is_query[order]])  # one collection, two shapes
     if percentile is None:
-        note(ax, f"all norms {number(numbers['query_norm']['mean'])}")
+        note(ax, f"all norms {format_number(numbers['query_norm']['mean'])}")
     else:
         figure.colorbar(points, ax=ax, label="norm percentile")
     ax.legend(handles=[Line2D([], [], marker=m, linestyle="", color=GREY, label=label)
                        for m, label in (("o", "query"), ("^", "candidate"))], fontsize=8, loc="lower right")
     ax.set_aspect("equal", adjustable="datalim")
     ax.set(xlabel=f"PC1 {100 * explained[0]:.0f}%", ylabel=f"PC2 {100 * explained[1]:.0f}%",
-           title=f"PCA; norm from direction R^2 {number(r2['2'])} (k=2), {number(r2['10'])} (k=10)")
+           title=f"PCA; norm from direction R^2 {format_number(r2['2'])} (k=2), {format_number(r2['10'])} (k=10)")
 
 
 def marker_path(marker):
