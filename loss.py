@@ -217,6 +217,12 @@ def logit_spread(terms):
     return (terms.logits.amax(dim=1) - terms.logits.amin(dim=1)).max()
 
 
+def collapsed(terms):
+    """() 1.0 when the embeddings collapsed (logit_spread under COLLAPSE_SPREAD), else 0.0: a float tensor on the
+    loss's device, so train.py sums it over the ranks in its one all-reduce of the step."""
+    return (logit_spread(terms) < COLLAPSE_SPREAD).float()
+
+
 def statistics(terms):
     """What the log line and log.jsonl report, over the global batch, with one all-reduce: the loss L (and with a
     judge its two terms), the means of pi (eq. 3), p (eq. 4) and the norms, positive and negative cosines, the

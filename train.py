@@ -381,8 +381,7 @@ while step < max_iters:
     # embeddings collapsed (every logit of a query alike, on every rank), this rank's undecodable rows, whether it
     # has been 30 s since the last line, whether a stop signal came and whether checkpoint_minutes have passed since
     # the last save: every rank then skips, logs, saves and stops at the same steps (each a collective)
-    counts = torch.cat([torch.stack([terms.loss.detach().float() / world_size,
-                                     (loss.logit_spread(terms) < loss.COLLAPSE_SPREAD).float()]),
+    counts = torch.cat([torch.stack([terms.loss.detach().float() / world_size, loss.collapsed(terms)]),
                         torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30),
                                       float(bool(stop.received)), float(0 < checkpoint_minutes * 60 < time.time() - last_save)],
                                      device=run_device)])
