@@ -269,7 +269,7 @@ def checked_table(train_data, image_dir, table_dir="data/tables", num_hard_negat
                                            allow_any_image_path))
     found = problems(table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, judged)
     if found:
-        raise UserError("train_data: " + "; ".join(found) + " (--check_data=True reports every source)")
+        raise UserError("train_data: " + "; ".join(found))
     return table
 
 

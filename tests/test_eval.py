@@ -10,6 +10,7 @@ and two gloo ranks against one process.
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -358,3 +359,15 @@ def test_training_rows_geometry_and_the_model_card(dot_checkpoint, toy_benchmark
     numbers = train[str(tmp_path / "train_geometry.json")]
     assert numbers["num_matched_pairs"] == 20 and len(numbers["random_pair_cos"]) == 20
     assert os.path.isfile(tmp_path / "train_geometry.png")
+    # a source with a bad row is refused as train.py refuses it, naming the row; skip_bad_rows samples past it
+    rows = [json.loads(line) for line in open(toy_benchmark["train"])]
+    rows[3]["qry_image_path"] = "no/such.png"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = [f"--init_from={export}", f"--train_data={str(broken)!r}", f"--image_dir={toy_benchmark['images']}",
+            f"--table_dir={tmp_path / 'tables'}", "--samples=20", "--num_workers=0",
+            f"--out={tmp_path / 'broken_geometry.json'}"]
+    with pytest.raises(UserError, match=rf"{re.escape(str(broken))}.*line 4.*no/such.png.*skip_bad_rows=True"):
+        diagnostics.main(args)
+    skipped = diagnostics.main(args + ["--skip_bad_rows=True"])[str(tmp_path / "broken_geometry.json")]
+    assert skipped["num_matched_pairs"] == 20

@@ -43,6 +43,10 @@ results = []  # eval.py JSON files whose datasets' samples to measure (bare argu
 init_from = ""  # or: a checkpoint whose embeddings of training rows to measure (with train_data)
 train_data = []  # as train.py's: the training rows to sample
 image_dir = ""  # as train.py's: where the rows' image paths are relative to
+train_split = "original"  # as train.py's: the split a subset folder is read through
+instructions = "paper"  # as train.py's: the queries' instructions, 'paper' (Table 5's) or 'dataset' (their own)
+skip_bad_rows = False  # as train.py's: sample the rows that read well instead of refusing a source with bad rows
+allow_any_image_path = False  # as train.py's: let rows name images outside image_dir
 table_dir = "data/tables"  # as train.py's: where train_data is converted, once, into the prepared table
 samples = 5000  # training rows sampled (the paper's 5,000), and points in a picture
 out = "out/geometry.json"  # with init_from: the numbers (and beside it the picture, <stem>.png)
@@ -185,15 +189,13 @@ def from_results(path):
     return summary([load_file(f) for f in files], output["config"].get("geometry_samples", 5000)), len(names)
 
 
-def from_training_rows(path, train_data, image_dir, table_dir, count, seed, batch_size, num_workers, dtype, device):
-    """The diagnostics of `count` training rows sampled with seed, embedded by the checkpoint at path, as the paper
-    measures them: query-positive pairs for the Pearson r, queries against other rows' positives for the random
-    pairs."""
+def from_training_rows(path, table, count, seed, batch_size, num_workers, dtype, device):
+    """The diagnostics of `count` rows of the prepared table (data.TrainTable) sampled with seed, embedded by the
+    checkpoint at path, as the paper measures them: query-positive pairs for the Pearson r, queries against other
+    rows' positives for the random pairs."""
     import data
     import eval as evaluation
-    from readers import training
     from runs.export import load_for_inference
-    table = data.TrainTable(training.prepared_table(train_data, image_dir, table_dir, "original", "paper"))
     picked = random.Random(seed).sample(range(len(table)), min(count, len(table)))
     rows = [data.filled(table, i, 0, seed) for i in picked]
     embedder, _ = load_for_inference(path, dtype, common.compute_init(device)[3])
@@ -218,8 +220,10 @@ def main(argv=None):
         title = f"{path}: {count} evaluation datasets"
         written[write(numbers, os.path.splitext(path)[0] + "_geometry", title, plot)] = numbers
     if init_from:
-        numbers = from_training_rows(init_from, train_data, image_dir, table_dir, samples, seed, batch_size, num_workers,
-                                     dtype, device)
+        from readers import training
+        table = training.checked_table(train_data, image_dir, table_dir, 0, train_split, instructions,
+                                       allow_any_image_path, skip_bad_rows, allow_eval_datasets=True)
+        numbers = from_training_rows(init_from, table, samples, seed, batch_size, num_workers, dtype, device)
         written[write(numbers, os.path.splitext(out)[0], f"{init_from}: {samples} training rows", plot)] = numbers
     return written
 

@@ -235,11 +235,8 @@ def main(argv=None):
     configurator.check_choice("similarity", similarity, ("",) + loss.SIMILARITIES)
     configurator.check_counts(globals(), ("pool_size", "num_hard_negatives", "judge_chunk_rows", "judge_batch_size",
                                           "batch_size"))
-    table = data.TrainTable(readers.prepared_table(train_data, image_dir, table_dir, train_split, "dataset",
-                                                   allow_any_image_path))
-    problems = readers.problems(table.subsets, 0, skip_bad_rows, allow_eval_datasets)
-    if problems:
-        raise UserError("train_data: " + "; ".join(problems))
+    table = readers.checked_table(train_data, image_dir, table_dir, 0, train_split, "dataset", allow_any_image_path,
+                                  skip_bad_rows, allow_eval_datasets)
     rank, _, world, run_device = common.compute_init(device, timeout_minutes)
     if threads:
         torch.set_num_threads(threads)
