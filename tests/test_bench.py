@@ -2,8 +2,6 @@
 FSDP2 mode end to end (a subprocess, tiny sizes), the start-up figures on a synthetic download
 in mmE5's layout, and bench/fla_check.py's comparison on a CPU."""
 import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -11,21 +9,20 @@ import pytest
 import common
 import lora
 from bench import bench, fla_check, synthetic
+from tests.toyrun import rank_env, run_process
 from train_step import step_flops
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--iters=1", "--warmup=0", "--batch_size=4", "--num_hard_negatives=1", "--grad_cache_chunk=2",
         "--max_pixels=131072"]  # the MMEB-shaped mix's images at most 362 x 362: seconds, not minutes
 
 
 def run_bench(tmp_path, *args):
-    """python -m bench.bench with tiny sizes in a subprocess, from the repository root. -> its JSON results"""
+    """python -m bench.bench with tiny sizes in a subprocess, from the repository root. -> (its JSON results, its
+    output)"""
     out = tmp_path / "bench.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    result = subprocess.run([sys.executable, "-m", "bench.bench", *TINY, *args, f"--out={out}"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(out.read_text()), result.stdout
+    code, output = run_process([sys.executable, "-m", "bench.bench", *TINY, *args, f"--out={out}"], env=rank_env())
+    assert code == 0, output[-5000:]
+    return json.loads(out.read_text()), output
 
 
 def test_a_224_pixel_image_is_raised_to_the_release_minimum():

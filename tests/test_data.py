@@ -30,7 +30,6 @@ from readers.mmeb import MMEB_DATASETS
 from shapes import prepare as prepare_module
 from tests.rows import read_rows, train_dataset
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPES_SIZES = dict(num_train=50, num_eval=10)  # the smallest prepare() allows
 
 

@@ -12,9 +12,6 @@ import math
 import os
 import re
 import shutil
-import socket
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,9 +28,7 @@ from readers.evaluation import read_eval_dataset
 from runs.export import model_card
 from shapes.prepare import prepare
 from tools import geometry as diagnostics
-from tests.toyrun import run_process
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.toyrun import torchrun
 
 TOY_DATASETS = ["Shapes-CLS", "Shapes-T2I-OOD"]  # one IND and one OOD, two meta tasks: fast
 
@@ -280,21 +275,12 @@ def test_norm_from_direction_r2():
     assert diagnostics.describe(numbers).startswith("r -, norm-from-direction R^2 (k=2) 1.00")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(toy_run, dot_checkpoint, toy_benchmark, tmp_path):
     one, _ = toy_run
     out = str(tmp_path / "two.json")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               "eval.py", *toy_args(dot_checkpoint, toy_benchmark, out)]
-    code, output = run_process(command, timeout=120, env=env)
+    code, output = torchrun(2, "eval.py", *toy_args(dot_checkpoint, toy_benchmark, out), timeout=120)
     assert code == 0, output[-6000:]
     with open(out) as f:
         two = json.load(f)

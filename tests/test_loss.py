@@ -8,10 +8,6 @@ alignment (eqs. U1-U4) against a float64 loop, and two gloo ranks against one pr
 """
 
 import math
-import os
-import socket
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +15,8 @@ import torch.nn.functional as F
 
 from loss import COLLAPSE_SPREAD, collapsed, logit_spread, pace_loss, similarity_matrix, statistics
 from tests import dist_loss_check
-from tests.toyrun import run_process
+from tests.toyrun import torchrun
 
-REPO = Path(__file__).resolve().parents[1]
 FOCAL_TEMPERATURE = 0.1
 
 
@@ -315,18 +310,9 @@ def test_judge_arguments_are_checked():
                   own_candidates=own)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_two_gloo_ranks_equal_one_process(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               f"--master_port={free_port()}", "-m", "tests.dist_loss_check", str(tmp_path)]
-    code, output = run_process(command, timeout=90, env=env)
+    code, output = torchrun(2, "-m", "tests.dist_loss_check", str(tmp_path), timeout=90)
     assert code == 0, output[-6000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     world = ranks[0]["world"]

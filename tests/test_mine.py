@@ -11,7 +11,6 @@ import ast
 import json
 import functools
 import os
-import socket
 import subprocess
 import sys
 
@@ -26,7 +25,7 @@ from shapes.prepare import prepare
 from tests.rows import read_rows, train_dataset
 from tools import judge as judging
 from tools import mine
-from tests.toyrun import run_process
+from tests.toyrun import torchrun
 
 pytestmark = pytest.mark.slow  # mines and judges the toy in this process, trains and evaluates on what it mined
 
@@ -297,20 +296,12 @@ def test_an_interrupted_judge_run_resumes(toy, judged, monkeypatch, capsys):
     assert pq.read_table(out / "train" / "train.parquet").to_pylist() == judged["table"]  # deterministic, the same
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_two_gloo_ranks_equal_one_process(toy, judged, tmp_path):
     # each rank embeds and retrieves a strided share and judges every other chunk; rank 0 writes what all found
     out = tmp_path / "ranks"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               "-m", "tools.mine", *mine_args(toy, out, f"--judge_from={toy['tiny']}", "--judge_chunk_rows=16")]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    code, output = run_process(command, timeout=180, env=env)
+    code, output = torchrun(2, "-m", "tools.mine", *mine_args(toy, out, f"--judge_from={toy['tiny']}",
+                                                                "--judge_chunk_rows=16"), timeout=180)
     assert code == 0, output[-6000:]
     table = pq.read_table(out / "train" / "train.parquet").to_pylist()
     assert len(os.listdir(str(out) + ".judge")) == 4

@@ -214,8 +214,7 @@ def test_from_pretrained_freezes_vision_and_loads_in_transformers(tiny_checkpoin
 
 
 def test_importing_model_drops_transformers_kernel_fallback_warnings():
-    import logging
-    import model  # noqa: F401 - importing it installs the filter, for the Python API too
+    import logging  # model, imported above, installed the filter: the Python API is as quiet as the scripts
     logger = logging.getLogger("transformers.integrations.hub_kernels")
     fallback = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, "falling back to its reference PyTorch "
                                  "implementation", None, None)

@@ -1,5 +1,5 @@
 """
-Tests of tools/search.py on the search_toy export of the suite's straight run (conftest.py): an item found top-1 by
+Tests of tools/search.py on the export of the suite's straight run on the toy (conftest.py): an item found top-1 by
 its own text and by its own image, what the vectors file holds, scores by the checkpoint's similarity, a step
 folder as init_from, the retrieval sheet, and the errors, each naming the file or folder at fault.
 
@@ -35,8 +35,8 @@ CAPTIONS = ["a large red circle at the top left", "", "a small blue square at th
 
 @pytest.fixture(scope="module")
 def search_toy(tmp_path_factory, straight):
-    """The straight run's step folder and export (four steps of Stage I on the search_toy, conftest.py), a gallery of the
-    search_toy's images in two folders (one a JPEG, beside a file that is no image and a macOS ._ file), a caption file."""
+    """The straight run's step folder and export (four steps of Stage I on the toy, conftest.py), a gallery of the
+    toy's images in two folders (one a JPEG, beside a file that is no image and a macOS ._ file), a caption file."""
     root, run = tmp_path_factory.mktemp("search"), straight[0]
     images = json.load(open(os.path.join(run, "config.json")))["config"]["image_dir"]
     gallery = root / "gallery"

@@ -15,32 +15,44 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
 
-from tests.toyrun import ROOT, assert_same_run, launch, losses, read_log, run_train
+from tests.toyrun import ROOT, assert_same_run, kill_group, launch, losses, read_log, run_train
 from runs import checkpoint, outdir
 
 slow = pytest.mark.slow
 
 
 def lines_until(process, pattern, output, timeout=120):
-    """Read the process's merged output into `output` until a line matches pattern. -> that line"""
-    start = time.time()
-    for line in process.stdout:
-        output.append(line)
-        if re.search(pattern, line):
-            return line
-        if time.time() - start > timeout:
-            break
-    raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(output)[-4000:])
+    """Read the process's merged output into `output` until a line matches pattern. -> that line. A run that
+    prints no such line within timeout (or ends first) is killed with every process it started, and the test fails
+    with its output."""
+    watchdog = threading.Timer(timeout, kill_group, [process])  # a run silent for ever cannot block the read
+    watchdog.start()
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if re.search(pattern, line):
+                return line
+    finally:
+        watchdog.cancel()
+    kill_group(process)
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n" + "".join(output)[-4000:])
 
 
-def finish(process, output):
-    output += process.stdout.readlines()
-    process.wait(timeout=120)
+def finish(process, output, timeout=120):
+    """The rest of the process's output, once it ends (killed, and the test failed, if not within timeout)."""
+    watchdog = threading.Timer(timeout, kill_group, [process])
+    watchdog.start()
+    try:
+        output += process.stdout.readlines()
+        process.wait()
+    finally:
+        watchdog.cancel()
     return "".join(output)
 
 
@@ -86,8 +98,9 @@ def test_two_ranks_with_grad_cache_preempted_then_resumed_on_one_equal_one_plain
     assert_same_run(straight[1], resumed)  # the same losses, step by step, as the uninterrupted plain run
     assert resumed[0]["skipped_rows"] == straight[1][0]["skipped_rows"]  # counted over both ranks
     from runs.export import load_embedder  # the export: the straight run's weights (Adam amplifies float noise)
-    for (name, a), (_, b) in zip(load_embedder(os.path.join(straight[0], "export"))[0].state_dict().items(),
-                                 load_embedder(os.path.join(out, "export"))[0].state_dict().items()):
+    for (name, a), (other, b) in zip(load_embedder(os.path.join(straight[0], "export"))[0].state_dict().items(),
+                                     load_embedder(os.path.join(out, "export"))[0].state_dict().items(), strict=True):
+        assert name == other
         torch.testing.assert_close(a, b, rtol=1e-3, atol=5e-5, msg=name)
 
 
@@ -181,8 +194,9 @@ def test_stage_two_from_stage_one_and_its_export(toy, straight, tmp_path, monkey
     merge_lora(stage1)
     assert not torch.equal(stage1.model.language_model.layers[0].mlp.up_proj.weight,
                            stage2.model.language_model.layers[0].mlp.up_proj.weight)
-    for (name, a), (_, b) in zip(stage1.model.visual.state_dict().items(), stage2.model.visual.state_dict().items()):
-        assert torch.equal(a, b), name
+    for (name, a), (other, b) in zip(stage1.model.visual.state_dict().items(), stage2.model.visual.state_dict().items(),
+                                     strict=True):
+        assert name == other and torch.equal(a, b), name
 
 
 @slow
@@ -292,14 +306,16 @@ def test_a_collective_that_waits_on_a_stopped_rank_ends_naming_it(tmp_path):
     ranks = [subprocess.Popen([sys.executable, "-m", "tests.dist_timeout_check"], cwd=ROOT, text=True,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for r in range(2)]
-    start = time.time()
     try:
         _, stderr = ranks[0].communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        ranks[0].kill()
+        pytest.fail(f"rank 0 did not end on its 3 s timeout within 60 s:\n{ranks[0].communicate()[1][-4000:]}")
     finally:
         for rank in ranks:
             rank.kill()
             rank.wait()
-    assert ranks[0].returncode != 0 and time.time() - start < 60
+    assert ranks[0].returncode != 0
     last = stderr.strip().splitlines()[-1]  # torch prefixes a rank's lines with "[rank0]: "
     assert last.endswith("rank 0: a collective waited longer than timeout_minutes for another rank; rank 1 does not "
                          "answer: stopped, dead or stuck") and "error: " in last

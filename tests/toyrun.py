@@ -1,6 +1,6 @@
 """
 Runs of train.py on the toy benchmark for the tests (tests/test_train.py, tests/test_runs.py): launch it in a
-subprocess (one process or a 2-rank torchrun), read its log, compare two runs step by step. The toy data and the
+subprocess (one process or a 2-rank torchrun; torchrun() for any script), read its log, compare two runs step by step. The toy data and the
 straight run they compare against are conftest.py's session fixtures `toy` and `straight`.
 """
 import ast
@@ -44,13 +44,9 @@ def launch(toy, out_dir, *args, nproc=1, popen=False):
               f"--table_dir={os.path.join(toy['root'], 'tables')}",
               "--batch_size=8", "--num_hard_negatives=2", "--log_interval=1", "--num_workers=0", "--max_pixels=4096",
               "--micro_batch=5", "--skip_bad_rows=True"]  # several forward calls per side, a different count on 1 and 2 ranks
-    if nproc == 1:
-        command = [sys.executable, os.path.join(ROOT, "train.py")]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                   f"--master_port={free_port()}", os.path.join(ROOT, "train.py")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-           "PYTHONUNBUFFERED": "1"}
+    train = os.path.join(ROOT, "train.py")
+    command = [sys.executable, train] if nproc == 1 else torchrun_command(nproc, train)
+    env = dict(rank_env(), PYTHONUNBUFFERED="1")
     if popen:
         return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -66,10 +62,35 @@ def run_process(command, timeout=300, **kwargs):
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_group(process)
         output, _ = process.communicate()
         pytest.fail(f"{' '.join(map(str, command[:4]))} ... hung for {timeout} s; its last output:\n{output[-6000:]}")
     return process.returncode, output
+
+
+def torchrun_command(nproc, *args):
+    """torchrun of nproc ranks on this host, on a free port: `python -m torch.distributed.run ... *args`."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+            *args]
+
+
+def rank_env():
+    """The environment of a test's ranks: one thread each (2 cores), gloo on the loopback unless told otherwise."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+
+
+def torchrun(nproc, *args, timeout=300):
+    """run_process of torchrun_command(nproc, *args) under rank_env(). -> (return code, its output)"""
+    return run_process(torchrun_command(nproc, *args), timeout=timeout, env=rank_env())
+
+
+def kill_group(process):
+    """Kill a process started in a session of its own, with every process it started, if it still runs."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_train(toy, out_dir, *args, nproc=1, expect_returncode=0):
