@@ -207,15 +207,16 @@ def embed_and_retrieve(embedder, rows, blocks, pool_size, threshold, batch_size,
     return items, index, score
 
 
-def judge_all(judge, judge_id, rows, items, index, folder, rank, world):
-    """The judge's scores of each row's positive and pooled candidates: -> [[s(positive), s(pool)...]] per row on
-    rank 0 (None on the others)."""
+def judge_all(judge, judge_id, rows, items, index, folder, rank, world, chunk_rows, batch_size, workers,
+              timeout_minutes):
+    """The judge's scores of each row's positive and pooled candidates, in resumable chunks of chunk_rows rows under
+    folder, batch_size pairs a forward pass: -> [[s(positive), s(pool)...]] per row on rank 0 (None on the
+    others, which rank 0 waits for at most timeout_minutes)."""
     def row_pairs(i):
         row = rows[i]
         return row["query"], [row["candidates"][0]] + [items[j] for j in index[i].tolist() if j >= 0]
 
-    files = judge_chunks(judge, row_pairs, len(rows), folder, judge_chunk_rows, judge_batch_size,
-                         common.worker_count(num_workers), judge_id, rank, world)
+    files = judge_chunks(judge, row_pairs, len(rows), folder, chunk_rows, batch_size, workers, judge_id, rank, world)
     if rank != 0:
         return None
     wait_for_chunks(files, timeout_minutes)
@@ -251,7 +252,8 @@ def main(argv=None):
     if judge_from:
         judge_id = [os.path.abspath(judge_from), fingerprint(judge_from), dtype, max_pixels, max_length]
         judge = Judge(judge_from, getattr(torch, dtype), run_device, max_length, max_pixels)
-        judged = judge_all(judge, judge_id, rows, items, index, os.path.normpath(out) + ".judge", rank, world)
+        judged = judge_all(judge, judge_id, rows, items, index, os.path.normpath(out) + ".judge", rank, world,
+                           judge_chunk_rows, judge_batch_size, common.worker_count(num_workers), timeout_minutes)
     summary = {"out": out, "subsets": {}}
     if rank == 0:
         summary["subsets"] = write_subsets(rows, items, blocks, index, score, judged, out, k=num_hard_negatives,
