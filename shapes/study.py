@@ -212,9 +212,9 @@ def metrics(result, geometry):
 
 def geometry_of(path):
     """tools/geometry.py's numbers of an eval.py JSON (<stem>_geometry.json), computed and drawn when missing."""
-    written = os.path.splitext(path)[0] + "_geometry.json"
+    from tools import geometry
+    written = geometry.stem_of(path) + ".json"
     if not os.path.isfile(written):
-        from tools import geometry
         geometry.main([path])
     with open(written) as f:
         return json.load(f)
@@ -270,9 +270,9 @@ def markdown(table, scale):
 def figure(out_dir, seed, methods):
     """geometry.png: the geometry pictures (tools/geometry.py's) of FIGURE's methods for one seed, one row each,
     each under its label; -> its path or None"""
-    rows = [(METHODS[m][0], Image.open(os.path.splitext(eval_path(out_dir, seed, m))[0] + "_geometry.png").convert("RGB"))
-            for m in FIGURE if m in methods and os.path.isfile(os.path.splitext(eval_path(out_dir, seed, m))[0]
-                                                                + "_geometry.png")]
+    from tools.geometry import stem_of
+    pictures = {m: stem_of(eval_path(out_dir, seed, m)) + ".png" for m in FIGURE if m in methods}
+    rows = [(METHODS[m][0], Image.open(path).convert("RGB")) for m, path in pictures.items() if os.path.isfile(path)]
     if not rows:
         return None
     band, width = 28, max(picture.width for _, picture in rows)

@@ -218,7 +218,7 @@ def main(argv=None):
     for path in results:
         numbers, count = from_results(path)
         title = f"{path}: {count} evaluation datasets"
-        written[write(numbers, os.path.splitext(path)[0] + "_geometry", title, plot)] = numbers
+        written[write(numbers, stem_of(path), title, plot)] = numbers
     if init_from:
         from readers import training
         table = training.checked_table(train_data, image_dir, table_dir, 0, train_split, instructions,
@@ -226,6 +226,11 @@ def main(argv=None):
         numbers = from_training_rows(init_from, table, samples, seed, batch_size, num_workers, dtype, device)
         written[write(numbers, os.path.splitext(out)[0], f"{init_from}: {samples} training rows", plot)] = numbers
     return written
+
+
+def stem_of(results):
+    """Where the geometry of eval.py's results file out/X.json goes: out/X_geometry (.json and .png)."""
+    return os.path.splitext(results)[0] + "_geometry"
 
 
 def write(numbers, stem, title, plot):
