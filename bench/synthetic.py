@@ -325,7 +325,6 @@ def mmE5_download(folder, num_rows, num_negatives, seed, images_per_subset=1000)
     return root
 
 
-
 def memory():
     """(anonymous resident bytes, file-backed resident bytes) of this process (/proc/self/status): the first is
     what a process holds of its own; the second, pages of mapped files, the page cache shares between processes."""
@@ -369,13 +368,18 @@ def measure_start(root, image_dir, table_dir, num_negatives, batch_size, seed):
                       "file_resident": after_shared - shared, "problems": len(problems), "batch_rows": len(rows)}))
 
 
-def run_json(*args):
-    """python -m bench.synthetic ARGS in a process of its own -> the JSON line it printed."""
-    run = subprocess.run([sys.executable, "-m", "bench.synthetic", *map(str, args)], cwd=REPOSITORY, capture_output=True,
-                         text=True)
-    if run.returncode:
-        raise RuntimeError(f"bench.synthetic {args[0]} failed: {run.stderr[-2000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+def started(*args):
+    """python -m bench.synthetic ARGS, started in a process of its own (read it with printed_json)."""
+    return subprocess.Popen([sys.executable, "-m", "bench.synthetic", *map(str, args)], cwd=REPOSITORY,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def printed_json(process):
+    """The JSON line a started() process printed last, once it ends; its error output if it failed."""
+    stdout, stderr = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"{' '.join(process.args[2:4])} failed: {stderr[-2000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def startup_figures(num_rows, num_negatives, seed, ranks=2, batch_size=256, paper=2_030_000):
@@ -386,16 +390,9 @@ def startup_figures(num_rows, num_negatives, seed, ranks=2, batch_size=256, pape
     with tempfile.TemporaryDirectory(prefix="pace_startup_") as folder:
         images = min(1000, max(10, num_rows // len(SUBSETS)))  # a subset's images: 1,000 from 20,000 rows on
         root, tables = mmE5_download(folder, num_rows, num_negatives, seed, images), os.path.join(folder, "tables")
-        conversion = run_json("convert", root, folder, tables)
-        processes = [subprocess.Popen([sys.executable, "-m", "bench.synthetic", "start", root, folder, tables,
-                                       *map(str, (num_negatives, batch_size, seed))], cwd=REPOSITORY, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for _ in range(ranks)]
-        starts = []
-        for process in processes:
-            stdout, stderr = process.communicate()
-            if process.returncode:
-                raise RuntimeError(f"bench.synthetic start failed: {stderr[-2000:]}")
-            starts.append(json.loads(stdout.strip().splitlines()[-1]))
+        conversion = printed_json(started("convert", root, folder, tables))
+        processes = [started("start", root, folder, tables, num_negatives, batch_size, seed) for _ in range(ranks)]
+        starts = [printed_json(process) for process in processes]  # all at once, as the ranks of a run
     rows, scale = conversion["rows"], paper / conversion["rows"]
     start_s, private = max(s["seconds"] for s in starts), max(s["private_growth"] for s in starts)
     return {"name": "startup", "rows": rows, "ranks": ranks, "conversion_rows_per_s": rows / conversion["seconds"],
