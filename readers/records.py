@@ -235,12 +235,17 @@ MMEB_NAMES = {"query": "qry", "query_image": "qry_image_path", "positive": "pos_
 PLAIN_NAMES = {name: name for name in MMEB_NAMES}
 
 
+def layout_of(record):
+    """'mmE5' (mmE5's and MMEB-train's columns) or 'plain' (the file docstring)."""
+    return "mmE5" if "qry" in record or "pos_text" in record else "plain"
+
+
 def train_row(record, images, rewrite):
     """One training record (either layout, the file docstring) -> (row, missing negatives): row = {"query",
     "query_image", "positive", "positive_image", "negatives", "negative_images", "judge"}, the query's text through
     rewrite (the instructions), images as resolved paths (None for none), judge the scores of the positive and of
     each kept negative (None when the record has none)."""
-    mmE5 = "qry" in record or "pos_text" in record
+    mmE5 = layout_of(record) == "mmE5"
     if not mmE5 and "query" not in record and "positive" not in record:
         raise BadRow("query", f"no query column: mmE5's layout has {', '.join(MMEB_NAMES.values())}; the plain "
                               f"layout {', '.join(MMEB_NAMES)} (got {', '.join(map(str, record)) or 'none'})",

@@ -43,7 +43,7 @@ import data
 from common import Progress, UserError, alive_here, lock_record, read_lock, replaced_atomically
 from readers import mmeb
 from readers.records import (DATA_SUFFIXES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport, data_files, is_junk,
-                             read_records, split_files, train_row)
+                             layout_of, read_records, split_files, train_row)
 
 FORMAT = 1  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)
@@ -218,7 +218,7 @@ def subset_batches(report, subset_files, max_rows, images, instructions, index, 
                 except BadRow as error:
                     report.bad_row(f"{path} {location}", error)
                     continue
-                report.layout = report.layout or ("mmE5" if "qry" in record or "pos_text" in record else "plain")
+                report.layout = report.layout or layout_of(record)
                 report.negatives[len(row["negatives"])] += 1
                 report.missing_negatives += missing
                 report.judged += row["judge"] is not None
@@ -230,8 +230,7 @@ def subset_batches(report, subset_files, max_rows, images, instructions, index, 
                     columns[name].append(row[name])
                 report.files[path] += 1  # as it goes: a file that fails half-way keeps the rows it gave
                 if len(columns["query"]) == BATCH_ROWS:
-                    yield pa.record_batch([pa.array(columns[n], data.SCHEMA.field(n).type) for n in data.COLUMNS],
-                                          schema=data.SCHEMA)
+                    yield record_batch(columns)
                     columns = {name: [] for name in data.COLUMNS}
                 if number % 4096 == 0:
                     progress.update(4096)
@@ -242,8 +241,12 @@ def subset_batches(report, subset_files, max_rows, images, instructions, index, 
     report.distinct = min(len(distinct), DISTINCT_CAP)
     report.instructions = {"mode": rewrite.mode, "counts": dict(rewrite.counts)}
     if columns["query"]:
-        yield pa.record_batch([pa.array(columns[n], data.SCHEMA.field(n).type) for n in data.COLUMNS],
-                              schema=data.SCHEMA)
+        yield record_batch(columns)
+
+
+def record_batch(columns):
+    """{column: [values]} -> one record batch of data.SCHEMA."""
+    return pa.record_batch([pa.array(columns[n], data.SCHEMA.field(n).type) for n in data.COLUMNS], schema=data.SCHEMA)
 
 
 # -----------------------------------------------------------------------------
