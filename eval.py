@@ -52,6 +52,7 @@ import loss
 from common import UserError
 from readers import mmeb
 from readers.evaluation import eval_files, find_eval_datasets, read_eval_dataset
+from readers.records import summary
 from runs.checkpoint import fingerprint
 from runs.export import add_evaluation, load_for_inference
 
@@ -311,7 +312,7 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
         log(f"{name}: P@1 {result['precision_at_1']:.1f} (argmax {result['precision_at_1_argmax']:.1f}) over "
             f"{result['num_queries']} queries ({result['ties']} tied with the gold), {result['distinct_items']} "
             f"distinct items (dedup {result['dedup_factor']:.1f}x), {result['items_per_second']:.1f} items/s; "
-            f"layout {report.layout}, instructions: {', '.join(f'{c:,} {w}' for w, c in report.instructions['counts'].items())}"
+            f"layout {report.layout}, instructions: {summary(report.instructions['counts'])}"
             + (f"; WARNING: rows hold {low} to {high} candidates, not one count" if low != high else ""), flush=True)
     return per_dataset
 
@@ -398,9 +399,7 @@ def main(argv=None):
     started = time.time()
     embedder, info = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
                                         similarity=similarity)
-    settings = {key: config[key] for key in ("instructions", "dtype", "image_dir", "skip_bad_rows", "allow_any_image_path",
-                                             "geometry", "geometry_samples", "seed", "sheet_queries", "sheet_top_k",
-                                             "batch_size", "num_workers", "overwrite")}
+    settings = {key: config[key] for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers", "overwrite")}
     stem = os.path.splitext(out)[0]
     per_dataset = evaluate_all(embedder, mmeb_names + other_names, mmeb_dir, image_dir, stem, settings, rank, world_size,
                                log, fingerprint(init_from))
