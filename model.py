@@ -367,8 +367,6 @@ class Embedder(nn.Module):
     def __init__(self, model, preprocessor):
         super().__init__()
         self.model, self.preprocessor = model, preprocessor
-        if preprocessor.spec.pooling != "last_token":
-            raise UserError(f"pooling {preprocessor.spec.pooling!r}: this Embedder pools the last token only")
         self.model.config.use_cache = False
         self.model.visual.requires_grad_(False)  # frozen in both stages (paper, Appendix A.1)
         # (3, 256) float32, on the model's device: each channel's byte value rescaled and normalised with the
@@ -419,8 +417,8 @@ class Embedder(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, mm_token_type_ids=None, pixel_values=None,
                 image_grid_thw=None):
-        """A collated batch, on any device -> (B, D) float32 embeddings: the hidden state at each row's last
-        token. pixel_values may be the Preprocessor's uint8 patches or transformers' float pixel values."""
+        """A collated batch, on any device -> (B, D) float32 embeddings: the final hidden states, pooled (pool: the
+        last token's). pixel_values may be the Preprocessor's uint8 patches or transformers' float pixel values."""
         device = self.pixel_table.device
         move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
         input_ids, attention_mask, pixel_values = move(input_ids), move(attention_mask), move(pixel_values)
@@ -429,8 +427,13 @@ class Embedder(nn.Module):
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=move(position_ids),
                             mm_token_type_ids=move(mm_token_type_ids), pixel_values=pixel_values,
                             image_grid_thw=move(image_grid_thw), use_cache=False).last_hidden_state  # (B, L, D)
-        last = attention_mask.sum(dim=1) - 1  # (B,) right padding: the pooled <|endoftext|>
-        return hidden[torch.arange(hidden.shape[0], device=device), last].float()
+        return self.pool(hidden, attention_mask).float()
+
+    def pool(self, hidden, attention_mask):
+        """(B, L, D) final hidden states -> (B, D), as the spec's pooling says; a new pooling is a branch here."""
+        if self.spec.pooling == "last_token":  # right padding: each row's last real token, the <|endoftext|>
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), attention_mask.sum(dim=1) - 1]
+        raise UserError(f"pooling {self.spec.pooling!r}: in EmbeddingSpec.POOLINGS, but no branch in Embedder.pool")
 
     @torch.no_grad()
     def encode(self, items, batch_size=16, num_workers=0, progress=""):

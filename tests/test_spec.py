@@ -91,3 +91,12 @@ def test_every_loader_gives_the_spec_an_export_holds(tiny_checkpoint, tmp_path):
     assert release.max_pixels == 128 * 128  # its own image processor's budget, in numbers
     with pytest.raises(UserError, match=r"pooling.*'last_token'.*'mean'"):  # the choices and the value
         EmbeddingSpec(pooling="mean")
+
+
+def test_a_pooling_choice_without_its_branch_names_where_the_branch_goes(tiny_embedder, monkeypatch):
+    from model import Preprocessor
+    monkeypatch.setattr(EmbeddingSpec, "POOLINGS", EmbeddingSpec.POOLINGS + ("mean",))  # a fork's first half
+    pre = tiny_embedder.preprocessor
+    forked = Embedder(tiny_embedder.model, Preprocessor(pre.tokenizer, pre.image_processor, EmbeddingSpec(pooling="mean")))
+    with pytest.raises(UserError, match=r"pooling 'mean'.*no branch in Embedder\.pool"):
+        forked.encode([{"text": "a red circle", "image": None}])
