@@ -1,7 +1,7 @@
 """
 common.py: what every script needs around its work (nanochat's common.py in spirit): the process and its device,
-progress lines, one-line errors for the mistakes a user must fix, atomic writes, lock files, Weights & Biases, and
-the one convention of the data every layer shares (IMAGE_MARKER). It imports no other module of this project, so
+progress lines, one-line errors for the mistakes a user must fix, atomic writes, lock files, Weights & Biases, image
+files read as a viewer shows them, and the one convention of the data every layer shares (IMAGE_MARKER). It imports no other module of this project, so
 every module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
@@ -24,7 +24,9 @@ import sys
 import time
 import uuid
 
+import numpy as np
 import torch
+from PIL import Image, ImageOps
 
 IMAGE_MARKER = "<|image_1|>"  # in an item's text (MMEB's and mmE5's rows): where the item's image goes
 
@@ -301,3 +303,63 @@ def start_wandb(out_dir, resuming, project, name, config):
         raise UserError("wandb_log=True needs the wandb package: pip install wandb (then wandb login)") from None
     wandb.init(project=project, name=name, id=wandb_run_id(out_dir, resuming), resume="allow", config=config)
     return wandb
+
+
+# -----------------------------------------------------------------------------
+# image files, read as a viewer shows them (model.Preprocessor's input)
+
+def load_image(image):
+    """A path or PIL image -> an RGB PIL image as a viewer shows it: EXIF orientation applied, 16-bit and
+    floating-point pixels scaled to 8 bits, transparent pixels laid on white (not black)."""
+    if isinstance(image, (str, os.PathLike)):
+        try:
+            with Image.open(image) as opened:
+                opened.load()
+                image = ImageOps.exif_transpose(opened)  # a copy, rotated as the camera was held
+        except Exception as error:  # missing, unreadable, truncated, not an image, over Pillow's pixel limit
+            raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
+    elif isinstance(image, Image.Image) and image.getexif().get(0x0112, 1) != 1:  # 0x0112: EXIF orientation
+        image = ImageOps.exif_transpose(image)
+    if not isinstance(image, Image.Image):
+        raise UserError(f"an image must be a file path or a PIL image, got {type(image).__name__}")
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        image = Image.fromarray(eight_bit(np.asarray(image)))
+    if image.mode == "RGB":
+        return image
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        background = Image.new("RGB", image.size, (255, 255, 255))
+        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
+        return background
+    return image.convert("RGB")
+
+
+def eight_bit(pixels):
+    """(H, W) greyscale of more than 8 bits -> uint8: integers span 0..65535 (16-bit PNG, TIFF), floats 0..1
+    when all lie within it (else they are read as 0..255, as Pillow would)."""
+    values = np.nan_to_num(pixels.astype(np.float64))
+    if np.issubdtype(pixels.dtype, np.integer):
+        values = values * (255 / 65535)
+    elif values.size and values.min() >= 0 and values.max() <= 1:
+        values = values * 255
+    return np.clip(np.round(values), 0, 255).astype(np.uint8)
+
+
+def image_size(image):
+    """(width, height) of a PIL image or an image file, reading only the file's header."""
+    if isinstance(image, Image.Image):
+        return image.size
+    try:
+        with Image.open(image) as opened:
+            width, height = opened.size
+            if opened.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # shown turned by 90 degrees
+                width, height = height, width
+            return width, height
+    except Exception as error:
+        raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
+
+
+def image_name(image):
+    """How an error names an image: its path, quoted, or '(in memory)'."""
+    return repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else "(in memory)"

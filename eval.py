@@ -50,6 +50,7 @@ import common
 import configurator
 import loss
 from common import UserError
+from model import image_name
 from readers import mmeb
 from readers.evaluation import eval_files, find_eval_datasets, read_eval_dataset
 from readers.records import summary
@@ -143,14 +144,24 @@ def distinct_items(rows):
 
 
 def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1, label=""):
-    """Embeddings (N, D) of all items; under torchrun rank r encodes items[r::world_size] and the shares are
-    gathered (common.shared_rows), so every rank ends with all N. label: rank 0 prints progress under it."""
+    """-> (embeddings (N, D) of all items, how many of their images were shrunk to fit max_length); under torchrun
+    rank r encodes items[r::world_size] and the shares are gathered (common.shared_rows), so every rank ends with
+    all N. label: rank 0 prints progress under it. An image too large for max_length at the spec's pixel budget
+    (a 4000x3000 photo at a release's own) is embedded at the largest grid that fits, where load_for_inference
+    loaded the embedder (Preprocessor.fit_images)."""
+    preprocessor = embedder.preprocessor
+
     def encode(indices):
         share = [items[i] for i in indices]
         if not share:
-            return (torch.empty(0, embedder.dim),)  # (0, D): a rank with nothing to encode
-        return (embedder.encode(share, batch_size, num_workers, progress=label if rank == 0 else ""),)  # (n_rank, D)
-    return common.shared_rows(encode, len(items), rank, world_size)[0]
+            return torch.empty(0, embedder.dim), torch.empty(0, dtype=torch.bool)  # a rank with nothing to encode
+        seen = len(preprocessor.shrunk)
+        vectors = embedder.encode(share, batch_size, num_workers, progress=label if rank == 0 else "")  # (n_rank, D)
+        shrunk = set(preprocessor.shrunk[seen:])
+        return vectors, torch.tensor([item.get("image") is not None and image_name(item["image"]) in shrunk
+                                      for item in share])  # (n_rank,)
+    embeddings, shrunk = common.shared_rows(encode, len(items), rank, world_size)
+    return embeddings, int(shrunk.sum())
 
 
 def candidate_scores(query_emb, cand_emb, cand_index, similarity):
@@ -185,7 +196,7 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
         raise UserError(f"{label or 'a dataset'}: no rows")
     items, query_index, cand_index = distinct_items(rows)
     start = time.time()
-    embeddings = encode_shared(embedder, items, batch_size, num_workers, rank, world_size, label)  # (N, D)
+    embeddings, shrunk = encode_shared(embedder, items, batch_size, num_workers, rank, world_size, label)  # (N, D)
     seconds = time.time() - start
     bad = (~torch.isfinite(embeddings).all(dim=1)).nonzero().flatten()
     if len(bad):
@@ -198,7 +209,7 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
     result = {"precision_at_1": 100.0 * hits / len(rows), "precision_at_1_argmax": 100.0 * argmax_hits / len(rows),
               "num_queries": len(rows), "ties": ties, "candidates": [int(counts.min()), int(counts.max())],
               "distinct_items": len(items), "dedup_factor": (len(rows) + int(counts.sum())) / len(items),
-              "seconds": seconds, "items_per_second": len(items) / max(seconds, 1e-9)}
+              "seconds": seconds, "items_per_second": len(items) / max(seconds, 1e-9), "images_shrunk": shrunk}
     return result, embeddings, query_index, cand_index, scores
 
 
@@ -313,7 +324,9 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
             f"{result['num_queries']} queries ({result['ties']} tied with the gold), {result['distinct_items']} "
             f"distinct items (dedup {result['dedup_factor']:.1f}x), {result['items_per_second']:.1f} items/s; "
             f"layout {report.layout}, instructions: {summary(report.instructions['counts'])}"
-            + (f"; WARNING: rows hold {low} to {high} candidates, not one count" if low != high else ""), flush=True)
+            + (f"; {result['images_shrunk']} images too large for max_length shrunk to fit" if result.get("images_shrunk")
+               else "") + (f"; WARNING: rows hold {low} to {high} candidates, not one count" if low != high else ""),
+            flush=True)
     return per_dataset
 
 

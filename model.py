@@ -41,9 +41,7 @@ import os
 import numpy as np
 import torch
 import torch.nn as nn
-from PIL import Image, ImageOps
-
-from common import IMAGE_MARKER, Progress, UserError
+from common import IMAGE_MARKER, Progress, UserError, image_name, image_size, load_image  # noqa: F401
 
 SPEC_FILE = "embedding_spec.json"  # beside the weights of every step folder and export: the EmbeddingSpec
 
@@ -115,63 +113,6 @@ class EmbeddingSpec:
 # -----------------------------------------------------------------------------
 # images
 
-def load_image(image):
-    """A path or PIL image -> an RGB PIL image as a viewer shows it: EXIF orientation applied, 16-bit and
-    floating-point pixels scaled to 8 bits, transparent pixels laid on white (not black)."""
-    if isinstance(image, (str, os.PathLike)):
-        try:
-            with Image.open(image) as opened:
-                opened.load()
-                image = ImageOps.exif_transpose(opened)  # a copy, rotated as the camera was held
-        except Exception as error:  # missing, unreadable, truncated, not an image, over Pillow's pixel limit
-            raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
-    elif isinstance(image, Image.Image) and image.getexif().get(0x0112, 1) != 1:  # 0x0112: EXIF orientation
-        image = ImageOps.exif_transpose(image)
-    if not isinstance(image, Image.Image):
-        raise UserError(f"an image must be a file path or a PIL image, got {type(image).__name__}")
-    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-        image = Image.fromarray(eight_bit(np.asarray(image)))
-    if image.mode == "RGB":
-        return image
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA", "PA"):
-        background = Image.new("RGB", image.size, (255, 255, 255))
-        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
-        return background
-    return image.convert("RGB")
-
-
-def eight_bit(pixels):
-    """(H, W) greyscale of more than 8 bits -> uint8: integers span 0..65535 (16-bit PNG, TIFF), floats 0..1
-    when all lie within it (else they are read as 0..255, as Pillow would)."""
-    values = np.nan_to_num(pixels.astype(np.float64))
-    if np.issubdtype(pixels.dtype, np.integer):
-        values = values * (255 / 65535)
-    elif values.size and values.min() >= 0 and values.max() <= 1:
-        values = values * 255
-    return np.clip(np.round(values), 0, 255).astype(np.uint8)
-
-
-def image_size(image):
-    """(width, height) of a PIL image or an image file, reading only the file's header."""
-    if isinstance(image, Image.Image):
-        return image.size
-    try:
-        with Image.open(image) as opened:
-            width, height = opened.size
-            if opened.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # shown turned by 90 degrees
-                width, height = height, width
-            return width, height
-    except Exception as error:
-        raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
-
-
-def image_name(image):
-    """How an error names an image: its path, quoted, or '(in memory)'."""
-    return repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else "(in memory)"
-
-
 def smart_resize(height, width, factor, min_pixels, max_pixels):
     """The size Qwen's image processor resizes to: sides multiples of `factor` (patch * merge), aspect
     ratio kept, pixel count within [min_pixels, max_pixels]."""
@@ -195,13 +136,19 @@ class Preprocessor:
     """Builds the embedding prompt of one item and its model inputs, as spec says (its system prompt, max_length;
     image_processor.size holds its pixel budget). Runs in DataLoader workers."""
 
+    fit_images = False  # eval, search, mining: an image too large for max_length is shrunk to fit (image_grid)
+
     def __init__(self, tokenizer, image_processor, spec=EmbeddingSpec()):
+        from tokenizers import Tokenizer
         self.tokenizer, self.image_processor, self.spec = tokenizer, image_processor, spec
+        definition = json.loads(tokenizer.backend_tokenizer.to_str())
+        self.plain = Tokenizer.from_str(json.dumps(dict(definition, added_tokens=[])))  # for user text: ids()
         self.max_length = max_length = spec.max_length
         token = tokenizer.convert_tokens_to_ids
         self.image_pad_id = token("<|image_pad|>")
         self.vision_start_id, self.vision_end_id = token("<|vision_start|>"), token("<|vision_end|>")
         self.pad_id = token("<|endoftext|>")
+        self.shrunk = []  # with fit_images: the images num_tokens found too large, each time it met one
         self.patch_size, self.merge_size = image_processor.patch_size, image_processor.merge_size
         # The fixed parts of the template, with their special tokens parsed.
         self.prefix_ids = self.ids(f"<|im_start|>system\n{spec.system_prompt}<|im_end|>\n<|im_start|>user\n", True)
@@ -233,13 +180,28 @@ class Preprocessor:
         return cls(tokenizer, image_processor, spec)
 
     def ids(self, text, special=False):
-        # User text never injects control tokens: a literal "<|im_end|>" in data stays text.
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=not special)["input_ids"]
+        """Token ids of text. special: the template's own text, its control tokens parsed. Else user text, which
+        never injects one: every added token, special or not, stays text ("<|im_end|>", and "<think>" or
+        "<tool_call>", which a release marks non-special, so split_special_tokens would keep them whole)."""
+        if special:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.plain.encode(text, add_special_tokens=False).ids
 
-    def image_grid(self, height, width):
-        """(grid_h, grid_w) in patches of an image of this size after resizing."""
-        size = self.image_processor.size
-        h, w = smart_resize(height, width, self.patch_size * self.merge_size, size["shortest_edge"], size["longest_edge"])
+    def image_grid(self, height, width, text=None):
+        """(grid_h, grid_w) in patches of an image of this size after resizing. With fit_images and the item's text,
+        an image too large for max_length beside that text (or half the room, for a long one) takes the largest
+        grid that fits: smart_resize under the largest pixel budget that leaves it within the room."""
+        size, factor = self.image_processor.size, self.patch_size * self.merge_size
+        h, w = smart_resize(height, width, factor, size["shortest_edge"], size["longest_edge"])
+        if self.fit_images and text is not None:
+            room = self.max_length - len(self.prefix_ids) - len(self.suffix_ids) - 2  # image tokens beside the template
+            room -= min(sum(map(len, self.text_ids(text, True, 0))), room // 2)
+            if (h // factor) * (w // factor) > room > 0:  # the largest budget whose grid fits: h, w grow with it
+                fits = lambda b: math.prod(x // factor for x in smart_resize(height, width, factor, 0, b)) <= room  # noqa: E731
+                low, high = factor**2, 4 * room * factor**2  # fits(low): one merged patch
+                while low < high:
+                    low, high = ((low + high + 1) // 2, high) if fits((low + high + 1) // 2) else (low, (low + high + 1) // 2 - 1)
+                h, w = smart_resize(height, width, factor, 0, low)
         return h // self.patch_size, w // self.patch_size
 
     def text_ids(self, text, has_image, num_image_tokens):
@@ -267,7 +229,9 @@ class Preprocessor:
         if image is not None:
             width, height = image_size(image)
             try:
-                grid_h, grid_w = self.image_grid(height, width)
+                grid_h, grid_w = self.image_grid(height, width, text or "")
+                if self.fit_images and (grid_h, grid_w) != self.image_grid(height, width):
+                    self.shrunk.append(image_name(image))  # counted here, in the process that batches the items
             except ValueError as error:
                 raise UserError(f"image {image_name(image)}: {error}") from None
             num_image_tokens = grid_h * grid_w // self.merge_size**2
@@ -294,7 +258,7 @@ class Preprocessor:
             return before + after, [len(before) + len(after)], None, None
         loaded = load_image(image)  # its errors name the file
         try:
-            patches, grid_h, grid_w = self.patches(loaded)
+            patches, grid_h, grid_w = self.patches(loaded, text or "")
         except ValueError as error:  # e.g. an aspect ratio over 200
             raise UserError(f"image {image_name(image)}: {error}") from None
         count = grid_h * grid_w // self.merge_size**2
@@ -303,13 +267,13 @@ class Preprocessor:
         pieces = [len(before) + 1, (grid_h // self.merge_size, grid_w // self.merge_size), len(after) + 1]
         return ids, pieces, patches, torch.tensor([[1, grid_h, grid_w]])
 
-    def patches(self, image):
+    def patches(self, image, text=None):
         """An RGB PIL image -> ((P, 3 * patch * patch) uint8 patches, grid_h, grid_w), P = grid_h * grid_w.
         Resized as transformers' Qwen2-VL processor resizes (smart_resize, its resampling) and cut into patches
         in its order, merge groups together, but left as bytes and without the temporal copy: 8x fewer bytes
         through the DataLoader and to the device. Embedder.pixel_values finishes the job there."""
         patch, merge = self.patch_size, self.merge_size
-        grid_h, grid_w = self.image_grid(image.height, image.width)
+        grid_h, grid_w = self.image_grid(image.height, image.width, text)
         h, w = grid_h * patch, grid_w * patch
         if (w, h) != image.size:
             image = image.resize((w, h), resample=self.image_processor.resample)

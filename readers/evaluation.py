@@ -9,7 +9,8 @@ instruction in its own columns), read and checked for eval.py.
 A dataset folder holds Parquet files (directly, or nested as Hugging Face's refs/convert/parquet branch nests them)
 with qry_text, qry_img_path, tgt_text (a list), tgt_img_path (a list), candidate 0 the gold one; image paths are
 relative to where the images were unpacked. MMEB-V2 adds qry_inst and tgt_inst, joined into the texts as
-VLM2Vec-V2's parsers join them (readers/mmeb.py). Every image is checked to exist; a row with a single candidate
+VLM2Vec-V2's parsers join them (readers/mmeb.py), and as they do a text -> image query is its text alone, whatever
+its qry_img_path holds. Every image is checked to exist; a row with a single candidate
 would be a free hit and is a bad row too.
 """
 import glob
@@ -61,6 +62,7 @@ def eval_row(record, images, dataset, v2, rewrite):
     candidate_images = list_field(record, "tgt_img_path", required=True)
     if v2:
         kind = mmeb.v2_kind(dataset, bool(query_image), query_text)
+        query_image = "" if kind == "t2i" else query_image  # VLM2Vec-V2's t2i parser never reads qry_img_path
         query_text = mmeb.v2_query(kind, dataset, text_field(record, "qry_inst"), query_text)
         candidate_texts = mmeb.v2_candidates(kind, text_field(record, "tgt_inst"), candidate_texts)
     query = make_side(query_text, query_image, "qry_text", "qry_img_path", images, "empty query")

@@ -5,9 +5,9 @@ table. readers/training.py and readers/evaluation.py read whole downloads with i
     for location, record in read_records("data/mmE5/mmE5-synthetic/VQA/VQA.parquet", TRAIN_COLUMNS):
         row, missing = train_row(record, ImagePaths("data/mmE5"), rewrite=lambda text: text)
 
-Records are Parquet rows or JSON Lines objects. A list column is a list, a string holding a Python list literal
-(mmE5 writes "['', 'a']"; parsed with ast.literal_eval, which runs nothing, else as JSON), one plain string (one
-entry) or absent. Image paths are joined to image_dir as the official loaders join them (os.path.join; '' means
+Records are Parquet rows or JSON Lines objects. A list column is a list, a string that parses to a list of strings
+(mmE5 writes "['', 'a']"; parsed with ast.literal_eval, which runs nothing, else as JSON), any other string as one
+entry (MMEB-train's scalar negatives, "[1999, 2003]" among them) or absent. Image paths are joined to image_dir as the official loaders join them (os.path.join; '' means
 no image) and must exist: a folder's listing is read once, so a million images cost seconds, not a stat each.
 macOS's AppleDouble '._name' files and other hidden names are never data or images.
 
@@ -136,8 +136,10 @@ def text_field(record, field):
 
 
 def list_field(record, field, required=False):
-    """A list column -> list of str: a list, a list written as a string (a Python literal, as mmE5 writes it, or
-    JSON), or one plain string (one entry); empty, null or absent is no entries."""
+    """A list column -> list of str: a list, a string that parses to a list of strings (a Python literal, as mmE5
+    writes its negatives, or JSON), or else one plain string, one entry: MMEB-train's negative columns are scalar
+    strings that VLM2Vec reads whole, and one may begin with '[' ("[Note] no data", ChartQA's "[1999, 2003]").
+    Empty, null or absent is no entries."""
     if field not in record:
         if required:
             raise BadRow(field, "missing column", "missing column")
@@ -148,11 +150,10 @@ def list_field(record, field, required=False):
     if isinstance(value, str):
         if not value.strip():
             return []
-        if not value.lstrip().startswith("["):
-            return [value]
-        value = list_literal(value.strip())
-        if value is None:
-            raise BadRow(field, f"cannot parse {record[field][:80]!r} as a list", "unparsable list")
+        parsed = list_literal(value.strip()) if value.lstrip().startswith("[") else None
+        if not (isinstance(parsed, tuple) and all(v is None or isinstance(v, str) for v in parsed)):
+            return [value]  # a string is a string, unless it is a list of strings
+        value = parsed
     if isinstance(value, (list, tuple)) and all(v is None or isinstance(v, str) for v in value):
         return ["" if v is None else v for v in value]
     raise BadRow(field, f"expected a list of strings, got {str(value)[:80]!r}", "unparsable list")

@@ -25,7 +25,9 @@ from runs.checkpoint import INFO, load_state, read_info, verify
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
                  "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                 "preprocessor_config.json", "video_preprocessor_config.json")
+                 "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+# transformers before 5 saves the image processor as preprocessor_config.json; transformers 5 nests it under
+# "image_processor" in processor_config.json (and its loaders prefer that): an export keeps whichever it was given
 
 
 def save_hf_folder(state_dict, spec, out_dir, info):
@@ -44,8 +46,10 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     for name in HF_SIDE_FILES:
         if os.path.isfile(os.path.join(spec.backbone, name)):
             shutil.copy(os.path.join(spec.backbone, name), tmp_dir)
-    edit_json(os.path.join(tmp_dir, "preprocessor_config.json"),
-              lambda processor: dict(processor, size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}))
+    budget = lambda processor: dict(processor, size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels})  # noqa: E731
+    edit_json(os.path.join(tmp_dir, "preprocessor_config.json"), budget)
+    edit_json(os.path.join(tmp_dir, "processor_config.json"), lambda processor: dict(
+        processor, image_processor=budget(processor["image_processor"])) if "image_processor" in processor else processor)
     tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
     stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
     if len(stored) == 1:
@@ -115,6 +119,11 @@ resized to {min_pixels:,} to {max_pixels:,} pixels; the embedding is the last la
 
 Queries start their text with a task instruction, e.g. "Retrieve an image that best matches the following
 description." or "Find the caption that best describes this image.".
+
+This is not the base model's chat template, which trims the text and ends `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`:
+build the prompt above, or the vectors differ. The embedding is `last_hidden_state`, after the final norm, not the
+state before it (which `hidden_states[-1]` can be). Text that spells a control token (`<|im_end|>`, `<think>`) is
+tokenised as plain text.
 
 ## Load it with plain transformers (text)
 
@@ -243,6 +252,9 @@ def load_embedder(path, dtype=torch.float32, **changes):
 
 def load_for_inference(path, dtype, device, **changes):
     """load_embedder as eval.py, tools/search.py and tools/mine.py use it: dtype a name ('float32', 'bfloat16'), the
-    model on device in eval mode, the spec's fields changed as `changes` say. -> (embedder, info)"""
+    model on device in eval mode, the spec's fields changed as `changes` say, an image too large for max_length
+    shrunk to the largest grid that fits (model.Preprocessor.fit_images; training names it instead). -> (embedder,
+    info)"""
     embedder, info = load_embedder(path, getattr(torch, dtype), **changes)
+    embedder.preprocessor.fit_images = True  # a photo too large for max_length is shrunk to fit, and counted
     return embedder.to(device).eval(), info

@@ -56,11 +56,13 @@ def _tiny_tokenizer(vocab_size=1024):
     return tokenizer
 
 
-def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0):
+def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0, consolidated=False):
     """Write a tiny random Qwen3.5 (text and vision; Gated DeltaNet and full-attention layers) with a
     byte-level BPE tokenizer into out_dir, in the file layout of a Qwen3.5-0.8B-Base release. final_norm_std:
     the final RMSNorm's weight w ~ N(0, final_norm_std^2) (0: uniform, every embedding's norm sqrt(D); the
-    weights are then those of earlier versions, bit for bit). -> out_dir"""
+    weights are then those of earlier versions, bit for bit). consolidated: the processor settings as
+    transformers 5 saves them, one processor_config.json ({"image_processor": ..., "video_processor": ...}), in
+    place of the release's preprocessor_config.json and video_preprocessor_config.json. -> out_dir"""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
     from transformers import PreTrainedTokenizerFast
     os.makedirs(out_dir, exist_ok=True)
@@ -111,6 +113,13 @@ def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0):
     _update_json(os.path.join(out_dir, "preprocessor_config.json"), image_processor_type="Qwen2VLImageProcessor", **image)
     _update_json(os.path.join(out_dir, "video_preprocessor_config.json"),
                  video_processor_type="Qwen3VLVideoProcessor", **image)
+    if consolidated:
+        parts = {}
+        for key, name in (("image_processor", "preprocessor_config.json"), ("video_processor", "video_preprocessor_config.json")):
+            with open(os.path.join(out_dir, name)) as f:
+                parts[key] = json.load(f)
+            os.remove(os.path.join(out_dir, name))
+        _update_json(os.path.join(out_dir, "processor_config.json"), processor_class="Qwen3VLProcessor", **parts)
     return out_dir
 
 

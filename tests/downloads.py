@@ -249,6 +249,13 @@ V2_ROWS = {  # dataset -> (its V2 row, the v1 query string and candidate strings
                  "tgt_img_path": ["VisDial/a.jpg", "VisDial/b.jpg"]},
                 "Represent the given dialogue about an image, which is used for image retrieval: Q:how old does the "
                 "woman look\nA:maybe 20\n\n", [f"{M}\nRepresent the given image.\n"] * 2),
+    # a text -> image row whose qry_img_path is not empty: VLM2Vec-V2's t2i parser never reads that column
+    "MSCOCO_t2i": ({"qry_inst": "Find me an everyday image that matches the given caption:",
+                    "qry_text": "A man riding a horse.", "qry_img_path": "MSCOCO_t2i/q.jpg",
+                    "tgt_inst": f"{M}\nRepresent the given image.", "tgt_text": ["", ""],
+                    "tgt_img_path": ["MSCOCO_t2i/a.jpg", "MSCOCO_t2i/b.jpg"]},
+                   "Find me an everyday image that matches the given caption: A man riding a horse.\n",
+                   [f"{M}\nRepresent the given image.\n"] * 2),
     "CIRR": ({"qry_inst": f"{M}\nGiven an image, find a similar everyday image with the described changes:",
               "qry_text": "Show three bottles of soft drink.", "qry_img_path": "CIRR/q.jpg",
               "tgt_inst": f"{M}\nRepresent the given image.", "tgt_text": ["", ""],

@@ -334,7 +334,7 @@ BAD_ROWS = {  # name: (fields of the bad row, the field the error names)
     "missing image": (dict(qry_image_path="missing.png"), "qry_image_path"),
     "missing column": (dict(pos_text=None), "pos_text"),
     "empty query": (dict(qry="<|image_1|>", qry_image_path=""), "qry"),
-    "unparsable negatives": (dict(neg_text="['a', 'b'"), "neg_text"),
+    "negatives not strings": (dict(neg_text=[1999, 2003]), "neg_text"),
     "negatives mismatch": (dict(neg_text=["a", "b"], neg_image_path=["ok.png"]), "neg_image_path"),
 }
 
@@ -602,3 +602,18 @@ def test_your_own_rows_in_the_plain_layout_need_no_code(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "a"}])
     with pytest.raises(UserError, match=r"bad\.jsonl line 1 field 'query': no query column.* qry,.*query,.*question"):
         read_rows(tmp_path, bad, str(tmp_path), 1)
+
+
+def test_a_scalar_negative_is_one_text_unless_it_is_a_list_of_strings(tmp_path):
+    # MMEB-train's negative columns are scalar strings, which VLM2Vec reads whole even where one begins with '[';
+    # mmE5's hold list literals. The rule: a string that parses to a list of strings is that list, any other string
+    # one entry
+    from readers.records import ImagePaths, list_field, train_row
+    for text in ("[Note] no data for 2010", "[x]", "[1999, 2003]", "['a', 'b'"):
+        assert list_field({"neg_text": text}, "neg_text") == [text]
+        row, missing = train_row({"qry": "a query", "qry_image_path": "", "pos_text": "the answer", "pos_image_path": "",
+                                  "neg_text": text, "neg_image_path": ""}, ImagePaths(str(tmp_path)), lambda t: t)
+        assert row["negatives"] == [text] and row["negative_images"] == [None] and missing == 0
+    assert list_field({"neg_text": "['', 'a']"}, "neg_text") == ["", "a"]  # mmE5's literal
+    assert list_field({"neg_text": '["b", null]'}, "neg_text") == ["b", ""]  # JSON
+    assert list_field({"neg_text": "[]"}, "neg_text") == []

@@ -198,6 +198,8 @@ def test_v2_instruction_columns_are_joined_as_vlm2vec_v2_joins_them(tmp_path):
         assert report.layout == "V2" and len(rows) == 2
         assert rows[0]["query"]["text"] == query, name  # the v1 string, which V2's parsers reproduce
         assert [c["text"] for c in rows[0]["candidates"]] == candidates, name
+        expected_image = None if name in ("VisDial", "MSCOCO_t2i") else os.path.join(images, name, "q.jpg")
+        assert rows[0]["query"]["image"] == expected_image, name  # a t2i query is its text alone, as V2 reads it
         paper, report = read_eval_dataset(os.path.join(annotations, name), images, instructions="paper")
         assert report.instructions["counts"] == {"rewritten": 2}, name  # Table 5's, as for the v1 rows
     ok_vqa, _ = read_eval_dataset(os.path.join(annotations, "OK-VQA"), images, instructions="paper")

@@ -1,5 +1,6 @@
 """Tests of model.py: the prompt, pooling, batch invariance, bad input, the tiny checkpoint."""
 import os
+import shutil
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from common import IMAGE_MARKER, UserError
-from model import Embedder, EmbeddingSpec, Preprocessor, load_image
+from model import Embedder, EmbeddingSpec, Preprocessor, load_image, smart_resize
 from shapes.tiny_model import make_tiny_checkpoint
 
 SYSTEM_PROMPT = EmbeddingSpec().system_prompt
@@ -220,3 +221,91 @@ def test_importing_model_drops_transformers_kernel_fallback_warnings():
                                  "implementation", None, None)
     other = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, "something else", None, None)
     assert not logger.filter(fallback) and logger.filter(other)
+
+
+def test_user_text_never_becomes_a_control_token_special_or_not(tiny_checkpoint, tmp_path):
+    # a release's tokenizer adds <think>, </think> and <tool_call> as non-special tokens: split_special_tokens keeps
+    # them whole, so a reasoning trace in a query would become control ids. ids() must spell them as text, exactly
+    # as the tokenizer without them does
+    from tokenizers import AddedToken, Tokenizer
+    folder = str(tmp_path / "with-added-tokens")
+    shutil.copytree(tiny_checkpoint, folder)
+    tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    controls = ["<think>", "</think>", "<tool_call>"]
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in controls])
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    with_added, plain = Preprocessor.from_pretrained(folder), Preprocessor.from_pretrained(tiny_checkpoint)
+    control_ids = with_added.tokenizer.convert_tokens_to_ids(controls)
+    text = "why <think> a red circle </think> then <tool_call> and <|im_end|> <|image_pad|>"
+    # the release's behaviour this guards against: the tokenizer itself keeps the non-special ones whole
+    leaked = with_added.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert set(control_ids) <= set(leaked)
+    ids = with_added(text)["input_ids"].tolist()
+    assert not set(control_ids) & set(ids)
+    assert ids == plain(text)["input_ids"].tolist()  # the same ids as a tokenizer that never had them
+    special = [with_added.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|image_pad|>")]
+    assert ids.count(special[0]) == 2 and special[1] not in ids  # only the template's <|im_end|> pair
+
+
+def test_user_text_ids_equal_the_tokenizers_on_text_without_control_tokens(tiny_embedder):
+    import random
+    prep, rng = tiny_embedder.preprocessor, random.Random(0)
+    alphabet = list("abc xyz,.?!:;-()0123456789\n\t  ") + ["é", "ü", "ß", "ñ", "म", "ि", "ก", "่", "中", "文", "😀", "́"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        assert prep.ids(text) == prep.tokenizer(text, add_special_tokens=False)["input_ids"], repr(text)
+
+
+def test_a_photo_too_large_for_max_length_is_shrunk_to_fit_in_inference_and_named_in_training(tiny_checkpoint, tmp_path):
+    # at the checkpoint's own pixel budget (max_pixels 0) the photo takes 12 tokens; max_length leaves room for 10
+    # beside the template: training names the image, inference embeds it at the largest grid that fits, and counts it
+    import eval as evaluation
+    from runs.export import load_for_inference
+    photo = str(tmp_path / "photo.jpg")
+    Image.effect_noise((400, 300), 60).convert("RGB").save(photo)
+    template = Preprocessor.from_pretrained(tiny_checkpoint)
+    max_length = len(template.prefix_ids) + len(template.suffix_ids) + 2 + 10
+    training = Preprocessor.from_pretrained(tiny_checkpoint, max_length=max_length)
+    with pytest.raises(UserError, match=r"an image of 12 tokens does not fit max_length"):
+        training("what is it?", photo)
+    embedder, _ = load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=max_length)
+    prep, text = embedder.preprocessor, "what is it?"
+    feature = prep(text, photo)
+    ids = feature["input_ids"].tolist()
+    grid_h, grid_w = feature["image_grid_thw"][0, 1:].tolist()
+    text_tokens = len(prep.ids(text))
+    assert ids.count(prep.image_pad_id) == grid_h * grid_w // 4 <= 10 - text_tokens  # the text kept whole beside it
+    room, tokens = 10 - text_tokens, grid_h * grid_w // 4
+    sizes = [smart_resize(300, 400, 32, 0, budget) for budget in range(1024, 40000, 64)]  # every budget's grid
+    assert tokens == max(h * w // 1024 for h, w in sizes if h * w // 1024 <= room) and grid_w >= grid_h  # the largest
+    assert len(ids) == prep.num_tokens(text, photo) <= max_length
+    assert prep.shrunk == [repr(photo)]
+    # the same vector as the photo resized to that grid beforehand, at a max_length where it fits as it is
+    resized = Image.open(photo).resize((grid_w * 16, grid_h * 16), resample=prep.image_processor.resample)
+    roomy, _ = load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=512)
+    torch.testing.assert_close(embedder.encode([{"text": text, "image": photo}]),
+                               roomy.encode([{"text": text, "image": resized}]), atol=1e-5, rtol=0)
+    items = [{"text": text, "image": photo}, {"text": "plain text", "image": None}, {"text": "", "image": photo}]
+    vectors, shrunk = evaluation.encode_shared(embedder, items, 2, 0)
+    assert shrunk == 2 and vectors.shape == (3, embedder.dim) and torch.isfinite(vectors).all()
+
+
+def test_pooling_reads_the_state_after_the_final_norm(tmp_path):
+    # the embedding is last_hidden_state at the last token: after the final RMSNorm, whose gain sets the norms that
+    # Stage II's dot product and tau = 100 rely on. Some Qwen-VL code pools hidden_states[-1], which can be the state
+    # before that norm; a weight far from 0 makes the two differ by far more than any tolerance
+    checkpoint = make_tiny_checkpoint(str(tmp_path / "tiny"), seed=0, final_norm_std=0.5)
+    embedder = Embedder.from_pretrained(checkpoint).eval()
+    norm, seen = embedder.model.language_model.norm, {}
+    hook = norm.register_forward_hook(lambda module, inputs, output: seen.update(before=inputs[0], after=output))
+    items = [{"text": "a red circle", "image": None}, {"text": "two blue squares at the top", "image": None}]
+    vectors = embedder.encode(items, batch_size=2)
+    hook.remove()
+    lengths = torch.tensor([embedder.preprocessor.num_tokens(item["text"]) for item in items])
+    order = lengths.argsort(descending=True)  # encode batches longest first
+    last = lambda states: states[torch.arange(2), lengths[order] - 1][order.argsort()]  # noqa: E731
+    torch.testing.assert_close(vectors, last(seen["after"]), atol=1e-6, rtol=0)
+    assert (vectors - last(seen["before"])).abs().max() > 0.1
+    weight = norm.weight.detach()
+    expected = 8 * (1 + weight) * last(seen["before"]) / last(seen["before"]).norm(dim=-1, keepdim=True)  # sqrt(D) = 8
+    torch.testing.assert_close(vectors, expected, atol=1e-3, rtol=1e-3)  # the zero-centred RMSNorm's output

@@ -320,3 +320,34 @@ def test_a_collective_that_waits_on_a_stopped_rank_ends_naming_it(tmp_path):
     assert last.endswith("rank 0: a collective waited longer than timeout_minutes for another rank; rank 1 does not "
                          "answer: stopped, dead or stuck") and "error: " in last
     assert "rank 1 does not answer" in stderr and "Traceback" not in stderr
+
+
+@slow
+def test_a_backbone_saved_by_transformers_5_trains_resumes_and_exports(toy, straight, tmp_path):
+    # transformers 5 saves the processor settings as one processor_config.json (image and video processor nested),
+    # not preprocessor_config.json: the run, its resume and its export must read and write that layout, and the
+    # export carry the spec's pixel budget in it, as the straight run's carries it in preprocessor_config.json
+    from model import Embedder
+    from runs.export import load_embedder
+    from shapes.tiny_model import make_tiny_checkpoint
+    backbone = make_tiny_checkpoint(str(tmp_path / "tiny-consolidated"), seed=0, consolidated=True)
+    assert not os.path.exists(os.path.join(backbone, "preprocessor_config.json"))
+    out = str(tmp_path / "consolidated")
+    run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2", f"--init_from={backbone}")
+    shutil.rmtree(os.path.join(out, "step_000004"))  # as if stopped after step 2: the resume trains steps 3 and 4
+    shutil.rmtree(os.path.join(out, "export"))
+    code, text = launch(toy, out, "--max_iters=4", "--checkpoint_interval=2", f"--init_from={backbone}", "--resume=True")
+    assert code == 0 and "resumed from" in text, text[-4000:]
+    assert_same_run(straight[1], read_log(out))  # the same weights in the other layout: the same run
+    export = os.path.join(out, "export")
+    with open(os.path.join(export, "processor_config.json")) as f:
+        assert json.load(f)["image_processor"]["size"] == {"shortest_edge": 1024, "longest_edge": 4096}
+    with open(os.path.join(straight[0], "export", "preprocessor_config.json")) as f:
+        assert json.load(f)["size"] == {"shortest_edge": 1024, "longest_edge": 4096}
+    exported = Embedder.from_pretrained(export)
+    assert exported.preprocessor.image_processor.size["longest_edge"] == 4096 == exported.spec.max_pixels
+    image = next(os.path.join(d, f) for d, _, fs in sorted(os.walk(toy["images"])) for f in sorted(fs)
+                 if os.path.join(d, f) not in toy["broken"])
+    items = [{"text": "a red circle", "image": None}, {"text": "<|image_1|> what shape?", "image": image}]
+    step, _ = load_embedder(os.path.join(out, "step_000004"))
+    torch.testing.assert_close(exported.encode(items), step.encode(items), atol=1e-5, rtol=0)

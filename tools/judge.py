@@ -94,6 +94,7 @@ class Judge:
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise UserError(f"judge_from={path!r} is not a Hugging Face checkpoint folder (no config.json)")
         preprocessor = Preprocessor.from_pretrained(path, max_length=max_length, max_pixels=max_pixels)
+        preprocessor.fit_images = True  # each side's photo too large for max_length is shrunk to fit, as eval's
         self.generator = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, local_files_only=True)
         self.body = Embedder(self.generator.model, preprocessor)  # shares the weights
         self.generator.to(device).eval()
@@ -114,6 +115,8 @@ class Judge:
         for side in {(x.get("text") or "", x.get("image")) for pair in pairs for x in pair}:
             measured[side] = self.prompt.pre.num_tokens(*side)
         lengths = [sum(measured[x.get("text") or "", x.get("image")] for x in pair) for pair in pairs]
+        if self.prompt.pre.shrunk and label:
+            print(f"{label}: {len(self.prompt.pre.shrunk)} images too large for max_length were shrunk to fit")
         scores, meter = torch.empty(len(pairs), dtype=torch.float64), common.Progress(len(pairs), label, "pairs")
         for indices, batch in length_batches(pairs, lengths, batch_size, num_workers, self.prompt.batch):
             hidden = self.body(**batch)  # (B, D) float32 at the last token: where the answer comes next

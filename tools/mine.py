@@ -193,8 +193,10 @@ def write_subsets(rows, items, blocks, index, score, judged, out_dir, **record_a
 def embed_and_retrieve(embedder, rows, blocks, pool_size, threshold, batch_size, num_workers, rank, world, run_device):
     """-> (items, pool (N, pool_size) item indices, scores (N, pool_size)), the same on every rank."""
     items, query_index, candidate_index = evaluation.distinct_items(rows)
-    embeddings = evaluation.encode_shared(embedder, items, batch_size, num_workers, rank, world,
-                                          "mine: embedding")  # (items, D)
+    embeddings, shrunk = evaluation.encode_shared(embedder, items, batch_size, num_workers, rank, world,
+                                                  "mine: embedding")  # (items, D)
+    if shrunk and rank == 0:
+        print(f"mine: {shrunk} images too large for max_length were shrunk to fit")
     if not torch.isfinite(embeddings).all():
         raise UserError("the embedder gave non-finite embeddings: mining with them would rank at random")
     similarity = embedder.spec.similarity

@@ -158,9 +158,17 @@ def finite_or_refuse(embeddings, items, what):
         raise UserError(f"{what}: {len(bad)} vectors are not finite, e.g. item {items[int(bad[0])]['id']!r}")
 
 
+def report_shrunk(embedder):
+    """Say how many images were too large for max_length and embedded at the largest grid that fits."""
+    shrunk, embedder.preprocessor.shrunk = embedder.preprocessor.shrunk, []
+    if shrunk:
+        print(f"{len(shrunk)} images too large for max_length were shrunk to fit, e.g. {shrunk[0]}")
+
+
 def index(embedder, items, path, init_from, batch_size, num_workers):
     """Embed items into the vectors file at path. -> (vectors (N, D), items, metadata), as read_vectors gives them"""
     embeddings = embedder.encode(items, batch_size, num_workers, progress="indexing")
+    report_shrunk(embedder)
     finite_or_refuse(embeddings, items, f"indexing with {init_from}")
     metadata = {"items": json.dumps(items), "similarity": embedder.spec.similarity, "spec": json.dumps(embedder.spec.to_dict()),
                 "init_from": os.path.abspath(init_from), "fingerprint": fingerprint(init_from),
@@ -246,6 +254,7 @@ def answer(embedder, asked, stored, similarity, top_k, batch_size, num_workers):
     """Rank the stored items for each query and print them. -> each query's results"""
     stored_vectors, stored_items, _ = stored
     query_vectors = embedder.encode(asked, batch_size, num_workers, progress="queries" if len(asked) > 1 else "")
+    report_shrunk(embedder)
     finite_or_refuse(query_vectors, asked, "the queries")
     scores, indices = top(query_vectors, stored_vectors, similarity, top_k)
     results = [[dict(stored_items[j], score=score) for score, j in zip(row_scores, row_indices)]
