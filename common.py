@@ -187,6 +187,46 @@ def install_error_hook():
     sys.excepthook = hook
 
 
+class SturdyStream:
+    """sys.stdout or sys.stderr whose writes never raise: after the first that fails (a pipe whose reader is gone,
+    as tee is after Ctrl-C; a log file on a full disk; a terminal that closed) the stream's file descriptor points at
+    /dev/null, so the rest of the output, and the flush at exit, go nowhere and the run goes on: a stop signal
+    still ends in its checkpoint and exit code."""
+
+    def __init__(self, stream):
+        self.stream, self.broken = stream, False
+
+    def write(self, text):
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError):
+                self.lost()
+        return len(text)
+
+    def flush(self):
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.lost()
+
+    def lost(self):
+        self.broken = True
+        try:  # what the stream still buffers then goes nowhere too, so no later flush of it can fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def sturdy_output():
+    """Make sys.stdout and sys.stderr SturdyStreams (train.py: nothing printed may stop a run)."""
+    sys.stdout, sys.stderr = (s if isinstance(s, SturdyStream) else SturdyStream(s) for s in (sys.stdout, sys.stderr))
+
+
 def one_line_message(error):
     """The message of a UserError (or of a collective's timeout, which names the rank that does not answer), else
     None: that error keeps its traceback."""

@@ -33,11 +33,15 @@ e_no) in [0, 1]. Given judge_scores, the model's similarity distribution over th
 towards the judge's:
     P_i  = softmax_k(j_ik / tau_j)                                       (U1) the judge's soft labels
     Q_i  = softmax_k(s(q_i, c_ik) / tau)                                 (U2) the model's, eq. (1) or (2), eq. (3)'s tau
-    A_i  = 1/2 [KL(P_i || Q_i) + KL(Q_i || P_i)]                         (U3) symmetric, as UniME-V2's released loss
-    L    = (focal-weighted InfoNCE of eqs. (6)-(7)) + lambda * (1/N) sum_i A_i, N the global batch's queries   (U4)
-P_i is a constant (the scores are data); Q_i carries the gradient. UniME-V2's code (Embedding/src/loss.py) takes
-tau_j = tau = 0.02 on cosine and trains with (U3) alone; here the InfoNCE term stays and lambda
-(alignment_weight) weighs (U3) beside it.
+    A_i  = 1/2 [KL(P_i || Q_i) + KL(Q_i || P_i)]                         (U3) symmetric
+    L    = mu * (focal-weighted InfoNCE of eqs. (6)-(7)) + lambda * (1/N) sum_i A_i, N the global batch's queries  (U4)
+P_i is a constant (the scores are data); Q_i carries the gradient. UniME-V2's released loss (its
+Embedding/src/loss.py) is (U3) alone (mu = infonce_weight = 0, lambda = 1) at tau_j = tau = 0.02 on cosine, and takes
+the log of each distribution where it is the other's reference as log(x + eps), eps = 1e-8 (alignment_floor):
+    A_i  = 1/2 [sum_k P_ik (log P_ik - log(Q_ik + eps)) + sum_k Q_ik (log Q_ik - log(P_ik + eps))]   (U3')
+At tau = 0.02 most Q_ik and P_ik lie far below 1e-8, so the floor, not the distributions, sets the value there.
+config/unime_v2.py is that objective; config/unime_v2_hybrid.py is this codebase's hybrid, InfoNCE at Stage I's
+tau beside the exact (U3), mu = lambda = 1.
 """
 import warnings
 from typing import NamedTuple, Optional
@@ -70,6 +74,7 @@ class LossTerms(NamedTuple):
     candidate_norms: torch.Tensor  # (M,) this rank's candidates only, so each counts once
     alignment: Optional[torch.Tensor]  # (N,) A_i of eq. (U3), or None without judge scores
     alignment_weight: float  # lambda of eq. (U4)
+    infonce_weight: float  # mu of eq. (U4): 1 without judge scores
 
 
 def compared(x, similarity):
@@ -162,20 +167,25 @@ def query_weights(weighting, gamma, confidence, cos, positive):
     return ((1.0 + hardest_negative) / 2).pow(gamma)
 
 
-def alignment_terms(logits, *, own_candidates, judge_scores, judge_temperature):
-    """(N,) A_i of eq. (U3). logits: (N, world * M) s / tau of eq. (3); own_candidates: (N, 1 + K) indices into
-    its columns, the positive first; judge_scores: (N, 1 + K) the judge's scores of those candidates."""
+def alignment_terms(logits, *, own_candidates, judge_scores, judge_temperature, floor=0.0):
+    """(N,) A_i of eq. (U3), or with floor > 0 of UniME-V2's (U3'). logits: (N, world * M) s / tau of eq. (3);
+    own_candidates: (N, 1 + K) indices into its columns, the positive first; judge_scores: (N, 1 + K) the judge's
+    scores of those candidates."""
     log_q = logits.gather(1, own_candidates).log_softmax(dim=-1)  # (N, 1 + K) log Q_i, eq. (U2)
     log_p = (judge_scores.float() / judge_temperature).log_softmax(dim=-1)  # (N, 1 + K) log P_i, eq. (U1): constant
-    return 0.5 * ((log_p.exp() * (log_p - log_q)).sum(-1) + (log_q.exp() * (log_q - log_p)).sum(-1))  # (N,)
+    q, p = log_q.exp(), log_p.exp()
+    reference_q, reference_p = ((q + floor).log(), (p + floor).log()) if floor else (log_q, log_p)  # (U3') or (U3)
+    return 0.5 * ((p * (log_p - reference_q)).sum(-1) + (q * (log_q - reference_p)).sum(-1))  # (N,)
 
 
 def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0, focal_temperature=0.1,
-              weighting="focal", judge_scores=None, own_candidates=None, judge_temperature=0.02, alignment_weight=1.0):
+              weighting="focal", judge_scores=None, own_candidates=None, judge_temperature=0.02, alignment_weight=1.0,
+              infonce_weight=1.0, alignment_floor=0.0):
     """Focal Embedding Loss, eqs. (3)-(7). q: (N, D) local queries, c: (M, D) local candidates, targets: (N,)
     positive index in the local c. With judge_scores (N, 1 + K), the judge's scores of each query's own positive
     and K hard negatives, and own_candidates (N, 1 + K), their indices in the local c (positive first), UniME-V2's
-    alignment is added, eqs. (U1)-(U4), at judge_temperature tau_j and alignment_weight lambda. -> LossTerms"""
+    alignment joins it, eqs. (U1)-(U4), at judge_temperature tau_j, weights infonce_weight mu and alignment_weight
+    lambda, and alignment_floor eps (U3'). -> LossTerms"""
     check_inputs(q, c, targets, weighting, judge_scores, own_candidates)
     rank, world = world_rank_and_size()
     all_c = gather_candidates(c)  # (world * M, D)
@@ -200,14 +210,14 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
     # ranks (divides by world), which the factor world undoes. In one process this is exactly L.
     alignment = None
     if judge_scores is None:
-        loss = world * (weights * nll).sum() / weight_sum
+        loss, infonce_weight = world * (weights * nll).sum() / weight_sum, 1.0
     else:  # eq. (U4): each rank adds world * (its A_i) / N, by the same argument with 1 / N in place of a_i / sum a
-        alignment = alignment_terms(logits, own_candidates=own_candidates + rank * c.shape[0],
-                                    judge_scores=judge_scores, judge_temperature=judge_temperature)  # (N,), eq. (U3)
-        loss = world * ((weights * nll).sum() / weight_sum + alignment_weight * alignment.sum() / queries)
+        alignment = alignment_terms(logits, own_candidates=own_candidates + rank * c.shape[0], judge_scores=judge_scores,
+                                    judge_temperature=judge_temperature, floor=alignment_floor)  # (N,), eq. (U3)
+        loss = world * (infonce_weight * (weights * nll).sum() / weight_sum + alignment_weight * alignment.sum() / queries)
     return LossTerms(loss, logits.detach(), cos, targets, nll.detach(), confidence, weights,
                      q.detach().float().norm(dim=-1), c.detach().float().norm(dim=-1),
-                     None if alignment is None else alignment.detach(), alignment_weight)
+                     None if alignment is None else alignment.detach(), alignment_weight, infonce_weight)
 
 
 def logit_spread(terms):
@@ -253,7 +263,7 @@ def statistics(terms):
              "candidate_norm": totals["candidate_norm"] / totals["candidates"],
              "pos_cos": totals["pos_cos"] / totals["queries"], "neg_cos": totals["neg_cos"] / max(totals["negatives"], 1.0),
              "logit_spread": totals["logit_spread"]}
-    if terms.alignment is not None:  # eq. (U4): L is InfoNCE plus lambda times the mean A_i
+    if terms.alignment is not None:  # eq. (U4): L is mu times InfoNCE plus lambda times the mean A_i
         stats["infonce"], stats["alignment"] = stats["loss"], totals["alignment"] / totals["queries"]
-        stats["loss"] = stats["infonce"] + terms.alignment_weight * stats["alignment"]
+        stats["loss"] = terms.infonce_weight * stats["infonce"] + terms.alignment_weight * stats["alignment"]
     return stats

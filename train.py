@@ -46,6 +46,7 @@ from runs import checkpoint, outdir
 from runs.export import load_embedder, save_hf_folder
 
 common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a bad row) ends in one line
+common.sturdy_output()  # a closed pipe (| tee, ended by the same Ctrl-C), a full disk or a lost terminal stop nothing
 # -----------------------------------------------------------------------------
 # config: the paper's Stage I (Table 3); config/*.py files and --key=value override it
 out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json and export/ go here
@@ -86,7 +87,9 @@ focal_temperature = 0.1  # tau_w of the cosine focal confidence, eq. (4)
 weighting = "focal"  # query weights: 'focal' (eq. 5) or Figure 6(b)'s 'random', 'query_positive', 'query_negative'
 soft_labels = "none"  # 'judge': UniME-V2's alignment with a judge's scores (tools/mine.py writes them), eqs. (U1)-(U4) of loss.py
 judge_temperature = 0.02  # tau_j of the judge's soft labels, eq. (U1) (UniME-V2's code: 0.02)
-alignment_weight = 1.0  # lambda of the alignment term beside the InfoNCE, eq. (U4)
+alignment_weight = 1.0  # lambda of the alignment term, eq. (U4)
+infonce_weight = 1.0  # mu of the InfoNCE beside it, eq. (U4); 0: UniME-V2's released loss, the alignment alone
+alignment_floor = 0.0  # eps of UniME-V2's log(p + eps), eq. (U3') of loss.py (its code: 1e-8); 0: the exact KL
 lora_rank = 32  # LoRA rank on the language model; 0 = full fine-tuning of the language model
 lora_alpha = 64  # LoRA scale is alpha / rank
 lora_dropout = 0.0  # dropout on the LoRA input
@@ -96,7 +99,7 @@ micro_batch = 32  # without GradCache: at most this many items a forward call (d
 num_workers = 8  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
 checkpoint_interval = 500  # save a checkpoint every this many steps (and at the last step)
 checkpoint_minutes = 30.0  # also save when this much wall time has passed since the last save (0: off)
-stop_signals = ["SIGTERM", "SIGUSR1", "SIGINT"]  # on one: finish the step, save, exit 75 (resume me); SLURM sends one
+stop_signals = ["SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP"]  # on one: finish the step, save, exit 75 (resume me)
 keep_checkpoints = [2000, 4000, 7847]  # never pruned: Stage II starts from 2,000; Figure 6(a) from 4,000 and 7,847
 keep_last = 2  # newest checkpoints kept besides keep_checkpoints
 max_bad_steps = 10  # stop after this many bad steps in a row (non-finite, or the embeddings collapsed)
@@ -217,7 +220,8 @@ loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=foc
                  weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
 judged = soft_labels == "judge"
 if judged:
-    loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight)  # eqs. (U1)-(U4)
+    loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight,
+                     infonce_weight=infonce_weight, alignment_floor=alignment_floor)  # eqs. (U1)-(U4)
 
 
 def get_lr(it):

@@ -35,6 +35,7 @@ LOCK = "run.lock"
 DEFINING = tuple(field for field in EmbeddingSpec.fields() if field != "backbone") + (
     "init_from", "train_data", "image_dir", "train_split", "allow_eval_datasets", "skip_bad_rows", "temperature",
     "focal_gamma", "focal_temperature", "weighting", "soft_labels", "judge_temperature", "alignment_weight",
+    "infonce_weight", "alignment_floor",
     "lora_rank", "lora_alpha", "lora_dropout", "seed", "batch_size", "num_hard_negatives", "instructions")
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "allow_config_change")  # where and how, not what
 
@@ -93,6 +94,8 @@ class StopSignals:
         for name in self.names:
             if not hasattr(signal, name):
                 raise UserError(f"stop_signals: {name!r} is not a signal name (e.g. 'SIGTERM', 'SIGUSR1')")
+            if name == "SIGHUP" and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+                continue  # started under nohup: the user asked the run to outlive the terminal
             signal.signal(getattr(signal, name), self.handle)
 
     def handle(self, number, frame):

@@ -24,11 +24,12 @@ HARD_NEGATIVES = 2  # per query
 INPUT_DIM, EMBED_DIM = 8, 16
 # (similarity, temperature, focal_gamma, weighting, soft_labels): Stage I and Stage II settings, with and without
 # focal, two of Figure 6(b)'s weightings (random draws differ by rank by design, so it is left out here), and
-# UniME-V2's judge soft labels (loss.py's eqs. U1-U4) beside the focal loss
+# UniME-V2's judge soft labels (loss.py's eqs. U1-U4) beside the focal loss ('judge', the hybrid) and alone with the
+# 1e-8 floor ('unime_v2', the released loss, at its tau 0.02)
 CASES = [("cos", 0.1, 0.0, "focal", "none"), ("cos", 0.1, 2.0, "focal", "none"), ("dot", 100.0, 0.0, "focal", "none"),
          ("dot", 100.0, 2.0, "focal", "none"), ("cos", 0.1, 2.0, "query_positive", "none"),
          ("dot", 100.0, 2.0, "query_negative", "none"), ("cos", 0.1, 2.0, "focal", "judge"),
-         ("dot", 100.0, 0.0, "focal", "judge")]
+         ("dot", 100.0, 0.0, "focal", "judge"), ("cos", 0.02, 0.0, "focal", "unime_v2")]
 JUDGE_TEMPERATURE, ALIGNMENT_WEIGHT = 0.05, 0.7
 
 
@@ -50,6 +51,8 @@ def judge_args(soft_labels, scores):
     """pace_loss's keyword arguments of a case's soft labels; scores: this rank's (Q, 1 + K) or None."""
     if soft_labels == "none":
         return {}
+    if soft_labels == "unime_v2":
+        return {"judge_scores": scores, "judge_temperature": 0.02, "infonce_weight": 0.0, "alignment_floor": 1e-8}
     return {"judge_scores": scores, "judge_temperature": JUDGE_TEMPERATURE, "alignment_weight": ALIGNMENT_WEIGHT}
 
 

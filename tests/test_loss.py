@@ -8,6 +8,7 @@ alignment (eqs. U1-U4) against a float64 loop, and two gloo ranks against one pr
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -336,7 +337,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
                                 **extra)
         loss.backward()
         label = f"{similarity} tau={temperature} gamma={focal_gamma} {weighting} soft_labels={soft_labels}"
-        if soft_labels == "judge":  # the alignment term is really there, and differs by rank
+        if soft_labels != "none":  # the alignment term is really there, and differs by rank
             assert stats["alignment"] > 1e-3 and {"infonce", "alignment"} <= case0["stats"].keys(), label
         # rank r returns world * its share of L, so the ranks' mean is L
         assert sum(case["loss"] for case in cases) / world == pytest.approx(loss.item(), rel=1e-5), label
@@ -354,3 +355,43 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
         assert rank["hot_path"] == {"all_reduce": 1, "all_gather": 1}
         assert rank["with_statistics"] == {"all_reduce": 2, "all_gather": 1}  # the statistics: one all-reduce more
         assert (9, 16) in rank["checked_shapes"]
+
+
+UNIME_V2_EXAMPLE = torch.tensor([0.7216, 0.4408, 0.2332, 0.0172, 0.0846, 0.2551, 0.0172, 0.0943, 0.0153])  # (1 + 8,)
+
+
+def released_unime_v2(q, c, own, judge, temperature=0.02, eps=1e-8):
+    """UniME-V2's released loss restated (its Embedding/src/loss.py): cosine scores of each query's own 1 + K
+    candidates, both softmaxes at one temperature, F.kl_div both ways on log(x + eps), batchmean, halved."""
+    scores = torch.einsum("nd,nkd->nk", F.normalize(q, dim=-1), F.normalize(c, dim=-1)[own])  # (N, 1 + K)
+    labels, model = F.softmax(judge / temperature, dim=-1), F.softmax(scores / temperature, dim=-1)
+    kl_pq = F.kl_div(torch.log(model + eps), labels, reduction="batchmean", log_target=False)
+    kl_qp = F.kl_div(torch.log(labels + eps), model, reduction="batchmean", log_target=False)
+    return 0.5 * (kl_pq + kl_qp)
+
+
+def test_unime_v2_config_is_the_released_loss_in_its_own_setting():
+    # config/unime_v2.py's objective (the alignment alone, tau = tau_j = 0.02 on cosine, the 1e-8 floor) against the
+    # released loss, on UniME-V2's example judge scores with 8 hard negatives: value and gradient to 1e-6
+    from configurator import configure
+    settings = {"temperature": 0.1, "judge_temperature": 0.5, "infonce_weight": 1.0, "alignment_weight": 0.5,
+                "alignment_floor": 0.0, "similarity": "cos", "focal_gamma": 2.0, "soft_labels": "none", "out_dir": "",
+                "train_data": []}
+    config = configure(settings, [os.path.join(os.path.dirname(__file__), "..", "config", "unime_v2.py")])
+    n, k = 6, 8
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(n, 16, generator=g).requires_grad_()
+    c = torch.cat([q.detach() + 0.8 * torch.randn(n, 16, generator=g), torch.randn(n * k, 16, generator=g)]).requires_grad_()
+    own = own_candidates_of(n, k)
+    judge = torch.stack([UNIME_V2_EXAMPLE[torch.randperm(1 + k, generator=g)] if i else UNIME_V2_EXAMPLE for i in range(n)])
+    args = {key: config[key] for key in ("temperature", "judge_temperature", "infonce_weight", "alignment_weight",
+                                         "alignment_floor", "similarity", "focal_gamma")}
+    assert config["soft_labels"] == "judge" and args["temperature"] == args["judge_temperature"] == 0.02
+    loss, stats = loss_and_stats(q, c, torch.arange(n), judge_scores=judge, own_candidates=own, **args)
+    released = released_unime_v2(q, c, own, judge)
+    assert loss.item() == pytest.approx(released.item(), abs=1e-6) and stats["loss"] == pytest.approx(released.item(), abs=1e-6)
+    for got, want in zip(torch.autograd.grad(loss, (q, c)), torch.autograd.grad(released, (q, c))):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    # at this temperature the floor sets the value: the exact KL (the hybrid's) is another number
+    exact, _ = loss_and_stats(q, c, torch.arange(n), judge_scores=judge, own_candidates=own, **dict(args, alignment_floor=0.0))
+    assert abs(exact.item() - released.item()) > 0.05

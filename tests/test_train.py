@@ -351,3 +351,35 @@ def test_a_backbone_saved_by_transformers_5_trains_resumes_and_exports(toy, stra
     items = [{"text": "a red circle", "image": None}, {"text": "<|image_1|> what shape?", "image": image}]
     step, _ = load_embedder(os.path.join(out, "step_000004"))
     torch.testing.assert_close(exported.encode(items), step.encode(items), atol=1e-5, rtol=0)
+
+
+def wait_for_step(out, step, process, timeout=120):
+    """Wait until the run's log.jsonl holds `step` (its output may go nowhere); kill it and fail if it ends first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and process.poll() is None:
+        if os.path.exists(os.path.join(out, "log.jsonl")) and len(read_log(out)) >= step:
+            return
+        time.sleep(0.2)
+    kill_group(process)
+    raise AssertionError(f"the run ended (code {process.returncode}) or stalled before step {step}")
+
+
+@slow
+def test_a_stop_signal_saves_and_exits_75_whatever_became_of_the_output(toy, tmp_path):
+    # `python train.py ... | tee log`: Ctrl-C ends tee as well, so the stop's own lines meet a pipe with no reader.
+    # And output to a full disk (/dev/full), with SIGHUP, the signal of a terminal that went away
+    out, output = str(tmp_path / "piped"), []
+    run = launch(toy, out, "--max_iters=40", "--checkpoint_interval=100", popen=True)
+    lines_until(run, r"step 2/40 \|", output)
+    run.stdout.close()  # tee is gone
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=120) == outdir.EXIT_RESUME
+    assert checkpoint.complete(out) and all(checkpoint.verify(p) for p in checkpoint.complete(out))
+    out = str(tmp_path / "full_disk")
+    with open("/dev/full", "w") as full:
+        run = launch(toy, out, "--max_iters=40", "--checkpoint_interval=100", popen=True, output=full)
+    wait_for_step(out, 2, run)
+    run.send_signal(signal.SIGHUP)
+    assert run.wait(timeout=120) == outdir.EXIT_RESUME
+    saved = checkpoint.complete(out)
+    assert saved and int(saved[-1][-6:]) == len(read_log(out)) and checkpoint.verify(saved[-1])

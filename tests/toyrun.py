@@ -36,9 +36,9 @@ def help_defaults(script):
     return defaults
 
 
-def launch(toy, out_dir, *args, nproc=1, popen=False):
+def launch(toy, out_dir, *args, nproc=1, popen=False, output=subprocess.PIPE):
     """Run train.py on the toy config in a subprocess. -> (return code, its stdout and stderr), or with popen the
-    running process, its output merged into one pipe."""
+    running process, its output merged into one pipe (or into the file object `output`)."""
     common = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={os.path.relpath(toy['checkpoint'], ROOT)}",
               f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out_dir}",
               f"--table_dir={os.path.join(toy['root'], 'tables')}",
@@ -48,7 +48,7 @@ def launch(toy, out_dir, *args, nproc=1, popen=False):
     command = [sys.executable, train] if nproc == 1 else torchrun_command(nproc, train)
     env = dict(rank_env(), PYTHONUNBUFFERED="1")
     if popen:
-        return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+        return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=output,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     return run_process(command + common + list(args), env=env)
 
