@@ -256,12 +256,34 @@ def replaced_atomically(path, since=None):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     try:
         yield tmp
+        shareable(tmp)
         if since is not None and os.path.exists(path) and os.path.getmtime(path) > since:
             print(f"note: replaced {path}, which another writer wrote after this one started", flush=True)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+ROOT = os.path.dirname(os.path.abspath(__file__))  # the project's root, where its default paths point from
+
+
+def relative_hint(path):
+    """What an error of a missing relative path adds: where relative paths are read from, and that it is not the
+    project's root when it is not ('' for an absolute path)."""
+    if os.path.isabs(os.fspath(path)):
+        return ""
+    cwd = os.getcwd()
+    return f" (relative paths are read from the working directory, {cwd}" + (
+        "" if os.path.samefile(cwd, ROOT) else f", not the project's root {ROOT}") + ")"
+
+
+def shareable(path):
+    """Give a written file the mode the user's umask gives any new file (0644 under 022, 0664 under 002): some
+    writers (safetensors' save_file) leave 0600, which the rest of a cluster's group cannot read."""
+    umask = os.umask(0)  # the only portable way to read it: set, then restored at once
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def write_text(path, text, since=None):

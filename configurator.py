@@ -19,8 +19,9 @@ Arguments apply left to right, so later ones win. Config keys: every lower-case 
 called. UPPER_CASE names are constants, never keys; modules, functions and classes neither. A bare argument
 ending in .py is a config file; a script that takes paths (tools/plot.py's run folders) names the list key they
 go to (positional=...). Unlike nanoGPT's configurator, a file or flag that names an unknown key fails
-(suggesting the closest), `--learning_rate=1` is accepted for a float default, and one bare value of a list key
-is a one-item list (`--train_data=data/x.jsonl`). A key a script has given up names what to run now (the
+(suggesting the closest, or the keys it abbreviates: --lr), `--learning_rate=1` is accepted for a float default, and
+one bare value of a list key is a one-item list (`--train_data=data/x.jsonl`). The forms people type work too: a
+bare boolean flag (`--resume`), true / false in any case, and `--key value` with a space. A key a script has given up names what to run now (the
 script's MOVED: {key: what to run}). Every mistake is a common.UserError, which the scripts print as one line.
 """
 import ast
@@ -48,7 +49,8 @@ def unknown_key_message(key, keys, source, moved=None):
     """The error of an unknown key: the closest keys, or what to run now where the script names the key MOVED."""
     if key in (moved or {}):
         return f"{source}: {key!r} is no longer a key of this script: {moved[key]}"
-    close = difflib.get_close_matches(key, keys, n=3)
+    short = [k for k in keys if "".join(word[:1] for word in k.split("_")) == key or k.startswith(key)]  # --lr
+    close = list(dict.fromkeys(short + difflib.get_close_matches(key, keys, n=3)))[:3]
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return f"{source}: unknown config key {key!r}{hint}"
 
@@ -86,6 +88,8 @@ def parse_flag(arg, config, moved=None):
     if key not in config:
         raise UserError(unknown_key_message(key, config, arg, moved))
     default = config[key]
+    if isinstance(default, bool) and text.strip().lower() in ("true", "false"):
+        return key, text.strip().lower() == "true"  # --resume=true, --resume=FALSE
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -128,7 +132,19 @@ def configure(namespace, args, positional=None):
     if '--help' in args or '-h' in args:
         print_help(namespace.get('__file__', ''), namespace.get('__doc__') or '', config)
         sys.exit(0)
-    for arg in args:
+    args = list(args)
+    while args:
+        arg = args.pop(0)
+        if arg.startswith('--') and '=' not in arg:  # --resume (a boolean, set), --max_iters 10 (the value after)
+            key = arg[2:]
+            if key not in config:
+                raise UserError(unknown_key_message(key, config, arg, namespace.get('MOVED')))
+            if isinstance(config[key], bool) and not (args and args[0].lower() in ("true", "false")):
+                arg += "=True"
+            elif not args or args[0].startswith('--'):
+                raise UserError(f"{arg}: expected a value: --{key}=VALUE or --{key} VALUE")
+            else:
+                arg += "=" + args.pop(0)
         if arg.startswith('--'):
             key, value = parse_flag(arg, config, namespace.get('MOVED'))
             config[key] = checked(key, value, config[key], arg)

@@ -43,7 +43,7 @@ from common import UserError
 from model import EmbeddingSpec
 from readers import training as readers
 from runs import checkpoint, outdir
-from runs.export import load_embedder, save_hf_folder
+from runs.export import check_checkpoint, load_embedder, save_hf_folder
 
 common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a bad row) ends in one line
 common.sturdy_output()  # a closed pipe (| tee, ended by the same Ctrl-C), a full disk or a lost terminal stop nothing
@@ -157,7 +157,9 @@ def barrier():
         dist.barrier()
 
 
-# out_dir: one run at a time (the lock), never two runs mixed, and clear what a crash left
+# out_dir: one run at a time (the lock), never two runs mixed, and clear what a crash left; a bad init_from is
+# refused before anything is written
+check_checkpoint(init_from)
 lock = common.on_rank_zero(lambda: outdir.take_lock(out_dir))
 atexit.register(outdir.release_lock, lock)
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")

@@ -40,7 +40,7 @@ import time
 import pyarrow as pa
 
 import data
-from common import Progress, UserError, alive_here, lock_record, read_lock, replaced_atomically
+from common import Progress, UserError, alive_here, lock_record, read_lock, relative_hint, replaced_atomically
 from readers import mmeb
 from readers.records import (DATA_SUFFIXES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport, data_files, is_junk,
                              layout_of, read_records, split_files, train_row)
@@ -76,8 +76,7 @@ def train_subsets(path, split):
     root, each subfolder with data files a subset (folders without, such as images/ or images_zip/, are passed
     over). The dataset is the subset's name when it is an MMEB dataset (either spelling), else dataset_of(path)."""
     if not os.path.exists(path):
-        raise UserError(f"train_data: {path} does not exist" + (
-            f" (relative paths are read from the working directory, {os.getcwd()})" if not os.path.isabs(path) else ""))
+        raise UserError(f"train_data: {path} does not exist" + relative_hint(path))
     if os.path.isfile(path):
         if not path.endswith(DATA_SUFFIXES):
             raise UserError(f"train_data: {path}: unknown file type, expected .parquet or .jsonl")

@@ -25,6 +25,7 @@ import zlib
 import torch
 
 from common import UserError
+from model import SPEC_FILE
 
 # torch.distributed.checkpoint says this at every save and load in one process, which is how it is meant here
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -64,16 +65,20 @@ def read_info(path):
 
 
 def fingerprint(path):
-    """A short id of a checkpoint's weights. A step folder: its pace.json, which holds every file's CRC-32. A
-    release or an export: its config.json and pace.json and the CRC-32 of every weight file (about a second a GB:
-    two releases of one shape, a random and a trained one, differ only there). A copy elsewhere keeps the id."""
+    """A short id of what defines a checkpoint's vectors: its weights and its embedding spec (model.SPEC_FILE), never
+    how its run was launched (a resumed run, a re-export: the same weights keep the id). A step folder: the size and
+    CRC-32 of every file its pace.json records. A release or an export: its config.json and the CRC-32 of every
+    weight file (about a second a GB: two releases of one shape, a random and a trained one, differ only there). A
+    copy elsewhere keeps the id."""
     import hashlib
-    digest, info = hashlib.sha256(), read_info(path)
-    for name in (INFO, "config.json"):
+    digest, files = hashlib.sha256(), read_info(path).get("files")
+    for name in (SPEC_FILE, "config.json"):
         if os.path.isfile(os.path.join(path, name)):
             with open(os.path.join(path, name), "rb") as f:
                 digest.update(name.encode() + f.read())
-    if not info.get("files"):
+    if files:
+        digest.update(json.dumps(files, sort_keys=True).encode())
+    else:
         for name in sorted(os.listdir(path)):
             if name.endswith(".safetensors"):
                 digest.update(f"{name}:{json.dumps(file_record(os.path.join(path, name)))}".encode())

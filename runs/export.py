@@ -19,9 +19,9 @@ import shutil
 import torch
 
 import lora
-from common import UserError, write_text
+from common import UserError, relative_hint, shareable, write_text
 from model import Embedder, EmbeddingSpec
-from runs.checkpoint import INFO, load_state, read_info, verify
+from runs.checkpoint import INFO, fingerprint, load_state, read_info, verify
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
                  "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
@@ -45,7 +45,7 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     os.makedirs(tmp_dir)
     for name in HF_SIDE_FILES:
         if os.path.isfile(os.path.join(spec.backbone, name)):
-            shutil.copy(os.path.join(spec.backbone, name), tmp_dir)
+            shutil.copyfile(os.path.join(spec.backbone, name), os.path.join(tmp_dir, name))  # the mode is the umask's
     budget = lambda processor: dict(processor, size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels})  # noqa: E731
     edit_json(os.path.join(tmp_dir, "preprocessor_config.json"), budget)
     edit_json(os.path.join(tmp_dir, "processor_config.json"), lambda processor: dict(
@@ -55,11 +55,18 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     if len(stored) == 1:
         edit_json(os.path.join(tmp_dir, "config.json"), lambda config: stored_dtype(config, next(iter(stored))))
     save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
+    shareable(os.path.join(tmp_dir, "model.safetensors"))  # save_file leaves 0600
     spec.save(tmp_dir)
     with open(os.path.join(tmp_dir, INFO), "w") as f:
         json.dump(info, f, indent=2)
+    card = model_card(spec, info, out_dir)
+    if os.path.isfile(os.path.join(out_dir, "README.md")) and fingerprint(out_dir) == fingerprint(tmp_dir):
+        with open(os.path.join(out_dir, "README.md")) as f:  # a re-export of the same weights keeps their evaluation
+            earlier = f.read()
+        if EVALUATION_START in earlier and "Not evaluated yet" not in earlier.split(EVALUATION_START)[1]:
+            card = card.split(EVALUATION_START)[0] + EVALUATION_START + earlier.split(EVALUATION_START)[1]
     with open(os.path.join(tmp_dir, "README.md"), "w") as f:
-        f.write(model_card(spec, info, out_dir))
+        f.write(card)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)
 
@@ -224,23 +231,11 @@ def load_embedder(path, dtype=torch.float32, **changes):
     export/ (safetensors) is still the format to share: it needs neither this repository nor the backbone."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise UserError(f"{path!r} does not exist (or is not a folder): expected a Hugging Face folder (a release or "
-                        "an export/) or a training step folder")
-    info = read_info(path)
-    if os.path.isfile(os.path.join(path, "config.json")):
+    info = read_info(path) if os.path.isdir(path) else {}
+    if check_checkpoint(path) == "hf":
         return Embedder.from_pretrained(path, dtype, **changes), info
-    if not info or not os.path.isfile(os.path.join(path, ".metadata")):
-        raise UserError(f"{path!r} is neither a Hugging Face folder (config.json) nor a training step folder "
-                        f"({INFO} and .metadata)")
     verify(path)
     spec = EmbeddingSpec.load(path)
-    if spec is None:
-        raise UserError(f"{path}: a step folder without its embedding spec (written before specs were kept): "
-                        "export it with the version that wrote it")
-    if not os.path.isfile(os.path.join(spec.backbone, "config.json")):
-        raise UserError(f"{path} was trained from the backbone {spec.backbone!r}, which is not here: put it there "
-                        "(or a link to it), or export the run (train.py --resume=True --export_only=True)")
     embedder = Embedder.from_pretrained(spec.backbone, dtype, spec=spec, **changes)
     if info.get("lora_rank", 0) > 0:
         lora.inject_lora(embedder.model, info["lora_rank"], info["lora_alpha"])
@@ -248,6 +243,32 @@ def load_embedder(path, dtype=torch.float32, **changes):
     load_state(state, path)
     set_model_state_dict(embedder, state["model"])
     return embedder, info
+
+
+def check_checkpoint(path):
+    """What load_embedder refuses that costs no loading to check (train.py asks before it writes anything): the
+    folder, its kind, a release's model type, a step folder's spec and backbone. -> 'hf' or 'step'"""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise UserError(f"{path!r} does not exist (or is not a folder): expected a Hugging Face folder (a release or "
+                        "an export/) or a training step folder" + relative_hint(path))
+    if os.path.isfile(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+        if model_type != "qwen3_5":
+            raise UserError(f"{path}: model_type {model_type!r}; this project needs a Qwen3.5 'qwen3_5' checkpoint")
+        return "hf"
+    if not read_info(path) or not os.path.isfile(os.path.join(path, ".metadata")):
+        raise UserError(f"{path!r} is neither a Hugging Face folder (config.json) nor a training step folder "
+                        f"({INFO} and .metadata)")
+    spec = EmbeddingSpec.load(path)
+    if spec is None:
+        raise UserError(f"{path}: a step folder without its embedding spec (written before specs were kept): "
+                        "export it with the version that wrote it")
+    if not os.path.isfile(os.path.join(spec.backbone, "config.json")):
+        raise UserError(f"{path} was trained from the backbone {spec.backbone!r}, which is not here: put it there "
+                        "(or a link to it), or export the run (train.py --resume=True --export_only=True)")
+    return "step"
 
 
 def load_for_inference(path, dtype, device, **changes):

@@ -4,6 +4,7 @@ The toy benchmark: rendered shapes in the two layouts PACE reads, small enough f
     python -m shapes.prepare                                        # writes under data/shapes/
     python -m shapes.prepare --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
     python -m shapes.prepare --pretrain=False                       # the tiny model random, in seconds
+    python -m shapes.prepare --force=True                           # again, over a toy already there
 
 Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
 same seed. A scene is a 128 x 128 picture of two or three objects, each a colour (6), a shape (5), a
@@ -41,13 +42,14 @@ import os
 import random
 import shutil
 import sys
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
 import configurator
-from common import IMAGE_MARKER
+from common import IMAGE_MARKER, write_json
 from readers.mmeb import IMAGE_CANDIDATE, PAPER_INSTRUCTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -302,6 +304,40 @@ def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, im
 
 
 # -----------------------------------------------------------------------------
+# written once: what out_dir holds, so that a second run rewrites nothing
+
+STAMP = "prepared.json"  # in out_dir: the settings it was written with, and the size and CRC-32 of every file
+
+
+def file_crc(path):
+    with open(path, "rb") as f:
+        return zlib.crc32(f.read())
+
+
+def manifest(folder, names):
+    """{path relative to folder: [size, CRC-32]} of the files and of every file under the folders named."""
+    files = {}
+    for name in names:
+        paths = [os.path.join(folder, name)] if os.path.isfile(os.path.join(folder, name)) else sorted(
+            os.path.join(root, f) for root, _, fs in os.walk(os.path.join(folder, name)) for f in fs)
+        files.update({os.path.relpath(p, folder): [os.path.getsize(p), file_crc(p)] for p in paths})
+    return files
+
+
+def already_prepared(out_dir, settings):
+    """True when out_dir holds what these settings write, file for file (size and CRC-32): then nothing is
+    rewritten, so neither the pretraining nor the files' times (which eval.py's kept results check) change."""
+    try:
+        with open(os.path.join(out_dir, STAMP)) as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return stamp.get("settings") == settings and all(
+        os.path.isfile(os.path.join(out_dir, path)) and os.path.getsize(os.path.join(out_dir, path)) == size
+        and file_crc(os.path.join(out_dir, path)) == crc for path, (size, crc) in stamp.get("files", {}).items())
+
+
+# -----------------------------------------------------------------------------
 # the command line (every default can be overridden by --key=value)
 out_dir = DATA_DIR  # where the toy is written (default data/shapes)
 seed = 0  # seeds every picture and row
@@ -313,11 +349,21 @@ tiny_checkpoint = True  # also write out_dir/tiny-qwen3.5, the model config/shap
 final_norm_std = -1.0  # spread of the tiny model's final norm weight (-1: tiny_model.FINAL_NORM_STD)
 pretrain = True  # pretrain the tiny model on the training scenes (shapes/pretrain.py, about 2 minutes); False: random
 pretrain_steps = 0  # pretraining steps (0: pretrain.EPOCHS epochs)
-
-
+force = False  # write everything again, even where out_dir already holds this very toy
 def main(argv=None):
-    """Write the toy (and its tiny model) as the config says. -> prepare()'s paths"""
-    configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
+    """Write the toy (and its tiny model) as the config says, unless out_dir already holds exactly that (then
+    --force=True writes it again). -> prepare()'s paths"""
+    config = configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
+    settings = {key: value for key, value in config.items() if key not in ("out_dir", "force")}
+    paths = {"train": os.path.join(out_dir, "train.jsonl"), "eval": os.path.join(out_dir, "eval"),
+             "images": os.path.join(out_dir, "images")}
+    if not force and already_prepared(out_dir, settings):
+        print(f"{out_dir} already holds this toy (the same settings, every file identical): nothing rewritten; "
+              "--force=True writes it again")
+        return paths
+    stamp = os.path.join(out_dir, STAMP)
+    if os.path.exists(stamp):
+        os.remove(stamp)  # written last: a stopped prepare leaves none
     paths = prepare(out_dir, seed, num_train, num_eval, num_candidates, image_size)
     print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets) and {paths['images']}/")
     if tiny_checkpoint:
@@ -331,6 +377,8 @@ def main(argv=None):
         print(f"wrote {folder} (random, final norm weight std {spread:g})")
         if pretrain:
             pretraining.pretrain(folder, paths["train"], paths["images"], steps=pretrain_steps or None, seed=seed)
+    written = ["train.jsonl", "eval", "images"] + (["tiny-qwen3.5"] if tiny_checkpoint else [])
+    write_json(stamp, {"settings": settings, "files": manifest(out_dir, written)})
     return paths
 
 

@@ -80,9 +80,20 @@ def test_unknown_key_on_command_line_suggests_close_match():
         configure(script_globals(), ['--learning_rat=1e-5'])
 
 
-def test_flag_without_value_is_an_error():
-    with pytest.raises(UserError, match='--key=value'):
-        configure(script_globals(), ['--compile'])
+def test_the_forms_people_type_are_accepted():
+    assert configure(script_globals(), ['--compile'])['compile'] is True  # a bare boolean flag
+    assert configure(script_globals(), ['--compile', 'false', '--batch_size', '8']) == \
+        configure(script_globals(), ['--compile=False', '--batch_size=8'])
+    for text, value in (('true', True), ('TRUE', True), ('False', False), ('false', False)):
+        assert configure(script_globals(), [f'--compile={text}'])['compile'] is value
+    with pytest.raises(UserError, match=r'--batch_size: expected a value: --batch_size=VALUE or --batch_size VALUE'):
+        configure(script_globals(), ['--batch_size'])
+    with pytest.raises(UserError, match=r'--batch_size: expected a value'):
+        configure(script_globals(), ['--batch_size', '--compile'])
+    with pytest.raises(UserError, match=r"unknown config key 'lr'; did you mean learning_rate\?"):
+        configure(script_globals(), ['--lr=1e-5'])
+    with pytest.raises(UserError, match=r"unknown config key 'lr'"):
+        configure(script_globals(), ['--lr', '1e-5'])
 
 
 def test_wrong_type_names_key_and_types_with_an_example():
@@ -230,6 +241,9 @@ def test_the_eval_config_resolves():
     ('train.py', ['--learning_rat=1'], "error: --learning_rat=1: unknown config key 'learning_rat'; did you mean "
                                        "learning_rate?"),
     ('eval.py', ['--init_from=/no/such/folder', '--mmeb_dir={mmeb}'], "error: '/no/such/folder' does not exist"),
+    ('train.py', ['--init_from=models/Qwen3.5-08B-Base', '--train_data={rows}', '--check_data=False',
+                  '--batch_size=1', '--num_hard_negatives=0'], "error: 'models/Qwen3.5-08B-Base' does not exist (or is not a folder): expected a "
+                                     "Hugging Face folder"),
 ])
 def test_a_mistake_ends_in_one_line_without_a_traceback(script, args, message, tmp_path):
     import pyarrow as pa
@@ -237,11 +251,18 @@ def test_a_mistake_ends_in_one_line_without_a_traceback(script, args, message, t
     (tmp_path / 'mmeb' / 'Mine').mkdir(parents=True)  # an evaluation folder with one dataset
     pq.write_table(pa.table({'qry_text': ['q'], 'qry_img_path': [''], 'tgt_text': [['a', 'b']],
                              'tgt_img_path': [['', '']]}), tmp_path / 'mmeb' / 'Mine' / 'test.parquet')
-    args = [a.replace('{mmeb}', str(tmp_path / 'mmeb')) for a in args]
-    run = subprocess.run([sys.executable, os.path.join(ROOT, script), f'--out_dir={tmp_path}' if script == 'train.py'
-                          else f'--out={tmp_path}/e.json', *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    (tmp_path / 'rows.jsonl').write_text('{"query": "a query", "positive": "its positive"}\n')  # plain layout
+    args = [a.replace('{mmeb}', str(tmp_path / 'mmeb')).replace('{rows}', str(tmp_path / 'rows.jsonl')) for a in args]
+    # a start that fails writes nothing: no out_dir (out/typo/), no config.json in it. Run from another folder than
+    # the project's root, a relative path's error says where it was read from
+    out = tmp_path / 'out' / 'typo'
+    run = subprocess.run([sys.executable, os.path.join(ROOT, script), f'--out_dir={out}' if script == 'train.py'
+                          else f'--out={tmp_path}/e.json', *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and 'Traceback' not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith(message), run.stderr[-2000:]
+    assert not out.exists()
+    if 'Qwen3.5-08B' in message:
+        assert f"read from the working directory, {tmp_path}, not the project's root {ROOT})" in run.stderr
 
 
 def test_a_bug_keeps_its_traceback_and_a_mistake_does_not():

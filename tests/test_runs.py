@@ -316,3 +316,48 @@ def test_the_slurm_script_asks_for_the_signal_train_py_handles_and_requeues(tmp_
     stdout, _ = job.communicate(timeout=30)
     assert "SIGUSR1: the time limit is near" in stdout and "requeueing job 77" in stdout
     assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "77"]
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664)])
+def test_written_files_get_the_mode_the_umask_gives(tiny_embedder, tmp_path, umask, mode):
+    # a model or a result on a shared cluster: the group reads what the user's umask lets it read. safetensors'
+    # save_file alone leaves 0600
+    from safetensors.torch import save_file
+    import common
+    from runs.export import save_hf_folder
+    previous = os.umask(umask)
+    try:
+        export = str(tmp_path / "export")
+        save_hf_folder(tiny_embedder.state_dict(), tiny_embedder.spec, export, {"step": 1, "config": {}})
+        with common.replaced_atomically(str(tmp_path / "vectors.safetensors")) as tmp:  # search's and eval's kept files
+            save_file({"vectors": torch.zeros(2, 3)}, tmp)
+        common.write_json(str(tmp_path / "eval.json"), {"overall": 1.0})
+    finally:
+        os.umask(previous)
+    written = [os.path.join(export, name) for name in os.listdir(export)] + [str(tmp_path / "vectors.safetensors"),
+                                                                          str(tmp_path / "eval.json")]
+    assert os.path.join(export, "model.safetensors") in written
+    assert {path: oct(os.stat(path).st_mode & 0o777) for path in written} == {path: oct(mode) for path in written}
+
+
+def test_an_exports_identity_follows_its_weights_and_spec_and_a_reexport_keeps_its_evaluation(tiny_embedder, tmp_path):
+    # `--resume=True --export_only=True` writes the same weights with other launch settings in pace.json: the same
+    # id (search.py and eval.py then accept what they made from it), and the card keeps eval.py's table
+    from runs.checkpoint import fingerprint
+    from runs.export import add_evaluation, save_hf_folder
+    export, state = str(tmp_path / "export"), tiny_embedder.state_dict()
+    save_hf_folder(state, tiny_embedder.spec, export, {"step": 4, "config": {"resume": False, "export_only": False}})
+    first = fingerprint(export)
+    add_evaluation(export, "| dataset | P@1 |\n| all | 47.8 |")
+    save_hf_folder(state, tiny_embedder.spec, export, {"step": 4, "config": {"resume": True, "export_only": True}})
+    assert fingerprint(export) == first
+    assert "| all | 47.8 |" in open(os.path.join(export, "README.md")).read()
+    changed = dict(state)
+    name = next(k for k in changed if k.endswith("norm.weight"))
+    changed[name] = changed[name] + 1e-3  # other weights: another id, and no evaluation carried over
+    save_hf_folder(changed, tiny_embedder.spec, export, {"step": 4, "config": {}})
+    assert fingerprint(export) != first
+    card = open(os.path.join(export, "README.md")).read()
+    assert "47.8" not in card and "Not evaluated yet" in card
+    save_hf_folder(state, tiny_embedder.spec.replace(similarity="dot"), export, {"step": 4, "config": {}})
+    assert fingerprint(export) != first  # the same weights under another spec are other vectors

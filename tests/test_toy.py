@@ -157,3 +157,27 @@ def test_prepare_command_line_pretrains_unless_told_not_to(tmp_path, capsys):
     assert command[:3] == ["python", "-m", "shapes.prepare"]
     prepare.main([f"--out_dir={tmp_path / 'told'}", *small, *command[3:]])  # its flags are prepare's own
     assert not os.path.exists(os.path.join(tmp_path, "told", "tiny-qwen3.5", pretrain.RECORD))
+
+
+def test_prepare_run_twice_rewrites_nothing_unless_something_changed_or_forced(tmp_path, capsys):
+    # the main job run again: the toy, the tiny model and its pretraining are there and identical, so nothing is
+    # rewritten (eval.py's kept results check the files' times); a changed file or --force=True writes it all again
+    small = [f"--out_dir={tmp_path / 'toy'}", "--num_train=50", "--num_eval=9", "--num_candidates=5", "--pretrain=False"]
+    image = os.path.join(tmp_path, "toy", "images", "Shapes-CLS", "00000.png")
+    prepare.main(small)
+    first = os.path.getmtime(image), os.path.getmtime(os.path.join(tmp_path, "toy", "tiny-qwen3.5", "model.safetensors"))
+    capsys.readouterr()
+    prepare.main(small)
+    assert "already holds this toy" in capsys.readouterr().out
+    assert (os.path.getmtime(image), os.path.getmtime(os.path.join(tmp_path, "toy", "tiny-qwen3.5",
+                                                                    "model.safetensors"))) == first
+    prepare.main(small + ["--seed=1"])  # other settings: written again
+    assert "already holds" not in capsys.readouterr().out and os.path.getmtime(image) > first[0]
+    prepare.main(small)
+    with open(image, "ab") as f:  # a file changed since: written again
+        f.write(b"x")
+    capsys.readouterr()
+    prepare.main(small)
+    assert "already holds" not in capsys.readouterr().out
+    prepare.main(small + ["--force"])
+    assert "already holds" not in capsys.readouterr().out
