@@ -25,12 +25,12 @@ import zlib
 import torch
 
 from common import UserError
-from model import SPEC_FILE
 
 # torch.distributed.checkpoint says this at every save and load in one process, which is how it is meant here
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 INFO = "pace.json"  # beside the weights: how the model was trained, and the files to verify
+SPEC_FILE = "embedding_spec.json"  # model.SPEC_FILE (not imported: train.py's import chain stays three deep)
 STEP_NAME = re.compile(r"step_\d{6}$")
 
 

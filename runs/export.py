@@ -24,8 +24,7 @@ from model import Embedder, EmbeddingSpec
 from runs.checkpoint import INFO, fingerprint, load_state, read_info, verify
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
-                 "merges.txt", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                 "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+                 "merges.txt", "special_tokens_map.json", "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 # transformers before 5 saves the image processor as preprocessor_config.json; transformers 5 nests it under
 # "image_processor" in processor_config.json (and its loaders prefer that): an export keeps whichever it was given
 
@@ -57,6 +56,9 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
     shareable(os.path.join(tmp_dir, "model.safetensors"))  # save_file leaves 0600
     spec.save(tmp_dir)
+    write_text(os.path.join(tmp_dir, "chat_template.jinja"), chat_template(spec))  # the release's is a chat's
+    edit_json(os.path.join(tmp_dir, "tokenizer_config.json"),
+              lambda tokenizer: {k: v for k, v in tokenizer.items() if k != "chat_template"})
     with open(os.path.join(tmp_dir, INFO), "w") as f:
         json.dump(info, f, indent=2)
     card = model_card(spec, info, out_dir)
@@ -69,6 +71,20 @@ def save_hf_folder(state_dict, spec, out_dir, info):
         f.write(card)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)
+
+
+def chat_template(spec):
+    """The export's chat template: a user message rendered as the embedding prompt (model.Preprocessor's), so that
+    template-based tools (sentence-transformers, a pooling server, apply_chat_template) build the same ids. Images
+    first, one placeholder each for the processor to expand, then the text parts; nothing after <|endoftext|>."""
+    def parts(kind, output):
+        return "{% for part in message['content'] %}{% if part['type'] == '" + kind + "' %}" + output + "{% endif %}{% endfor %}"
+    system = spec.system_prompt.replace("{", "{{ '{' }}")  # literal text, even where it holds template syntax
+    return ("{% for message in messages %}{% if message['role'] == 'user' %}"
+            f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+            "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+            + parts("image", "<|vision_start|><|image_pad|><|vision_end|>") + parts("text", "{{ part['text'] }}")
+            + "{% endif %}<|im_end|>\n<|im_start|>assistant\n<|endoftext|>{% endif %}{% endfor %}")
 
 
 def edit_json(path, change):
@@ -132,30 +148,45 @@ build the prompt above, or the vectors differ. The embedding is `last_hidden_sta
 state before it (which `hidden_states[-1]` can be). Text that spells a control token (`<|im_end|>`, `<think>`) is
 tokenised as plain text.
 
-## Load it with plain transformers (text)
+The folder's chat template renders a user message as this prompt (images first, then the text), so
+`tokenizer.apply_chat_template([{{"role": "user", "content": [...]}}])` builds the same ids.
+
+## Load it with plain transformers
+
+Text, an image, or both, with or without torchvision installed: the PIL image processor is the one training used.
 
 ```python
 import torch
+from PIL import Image, ImageOps
 from transformers import Qwen3_5Model, Qwen3_5Tokenizer  # transformers 5.17 or newer
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 path = "{folder}"
 tokenizer = Qwen3_5Tokenizer.from_pretrained(path)
+image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
 model = Qwen3_5Model.from_pretrained(path).eval()
 
-def embed(text):
+def embed(text="", image=None):
+    extra, vision = {{}}, ""
+    if image is not None:  # a path: turned as the camera was held, in RGB
+        extra = dict(image_processor(images=[ImageOps.exif_transpose(Image.open(image)).convert("RGB")], return_tensors="pt"))
+        count = int(extra["image_grid_thw"].prod()) // image_processor.merge_size ** 2
+        vision = "<|vision_start|>" + "<|image_pad|>" * count + "<|vision_end|>"
     prompt = ("<|im_start|>system\\n{system_prompt}<|im_end|>\\n<|im_start|>user\\n"
-              + text + "<|im_end|>\\n<|im_start|>assistant\\n<|endoftext|>")
+              + vision + text + "<|im_end|>\\n<|im_start|>assistant\\n<|endoftext|>")
     inputs = tokenizer(prompt, return_tensors="pt")
+    if image is not None:  # which tokens are the image's: Qwen3.5 needs it beside the pixels
+        extra["mm_token_type_ids"] = (inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
     with torch.no_grad():
-        return model(**inputs, use_cache=False).last_hidden_state[0, -1]
+        return model(**inputs, **extra, use_cache=False).last_hidden_state[0, -1]
 
 query = embed("Find the caption that best describes this picture: a red circle")
 candidate = embed("a red circle")
 score = {score_expression}
+# an image alone, or with text: embed(image="photo.jpg"), embed("What is in the picture?", image="photo.jpg")
 ```
 
-Images go through the same prompt with Qwen's image placeholders; the PACE repository's `load_embedder`
-builds them (and batches, and pools) for you:
+The PACE repository's `load_embedder` does the same, batched:
 
 ```python
 from runs.export import load_embedder   # run from the PACE repository's root

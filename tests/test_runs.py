@@ -361,3 +361,32 @@ def test_an_exports_identity_follows_its_weights_and_spec_and_a_reexport_keeps_i
     assert "47.8" not in card and "Not evaluated yet" in card
     save_hf_folder(state, tiny_embedder.spec.replace(similarity="dot"), export, {"step": 4, "config": {}})
     assert fingerprint(export) != first  # the same weights under another spec are other vectors
+
+
+def test_the_exports_chat_template_and_cards_code_give_encodes_ids_and_vectors(tiny_embedder, tmp_path):
+    # the chat template renders a user message as the embedding prompt: its ids are the Preprocessor's for text, an
+    # image, both; and the card's plain-transformers code (no torchvision needed) gives encode()'s vectors for each
+    from PIL import Image
+    from runs.export import save_hf_folder
+    from model import Embedder
+    export = str(tmp_path / "export")
+    save_hf_folder(tiny_embedder.state_dict(), tiny_embedder.spec, export, {"step": 1, "config": {}})
+    exported = Embedder.from_pretrained(export)
+    prep = exported.preprocessor
+    photo = str(tmp_path / "photo.png")
+    Image.effect_noise((90, 60), 50).convert("RGB").save(photo)
+    items = [("a red circle at the top", None), ("", photo), ("What shape is it?", photo)]
+    for text, image in items:
+        content = ([{"type": "image"}] if image else []) + ([{"type": "text", "text": text}] if text else [])
+        rendered = prep.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
+        if image:  # the processor's step: one placeholder becomes the image's tokens
+            count = prep.num_tokens(text, image) - prep.num_tokens(text) - 2
+            rendered = rendered.replace("<|image_pad|>", "<|image_pad|>" * count)
+        ids = prep.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        assert ids == prep(text, image)["input_ids"].tolist(), (text, image)
+    card = open(os.path.join(export, "README.md")).read()
+    namespace = {}
+    exec(card.split("```python\n")[1].split("```")[0], namespace)  # noqa: S102 - as a reader runs it
+    expected = exported.encode([{"text": text, "image": image} for text, image in items])
+    got = torch.stack([namespace["embed"](text, image) for text, image in items])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

@@ -100,3 +100,9 @@ def test_a_pooling_choice_without_its_branch_names_where_the_branch_goes(tiny_em
     forked = Embedder(tiny_embedder.model, Preprocessor(pre.tokenizer, pre.image_processor, EmbeddingSpec(pooling="mean")))
     with pytest.raises(UserError, match=r"pooling 'mean'.*no branch in Embedder\.pool"):
         forked.encode([{"text": "a red circle", "image": None}])
+
+
+def test_the_checkpoint_layer_names_the_spec_file_as_model_does():
+    from model import SPEC_FILE
+    from runs import checkpoint
+    assert checkpoint.SPEC_FILE == SPEC_FILE  # fingerprint() hashes it
