@@ -19,7 +19,7 @@ import shutil
 import torch
 
 import lora
-from common import UserError, relative_hint, shareable, write_text
+from common import UserError, relative_hint, shareable, write_json, write_text
 from model import Embedder, EmbeddingSpec
 from runs.checkpoint import INFO, fingerprint, load_state, read_info, verify
 
@@ -57,6 +57,7 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     shareable(os.path.join(tmp_dir, "model.safetensors"))  # save_file leaves 0600
     spec.save(tmp_dir)
     write_text(os.path.join(tmp_dir, "chat_template.jinja"), chat_template(spec))  # the release's is a chat's
+    sentence_transformers_files(tmp_dir, spec, state_dict["model.language_model.norm.weight"].shape[0])
     edit_json(os.path.join(tmp_dir, "tokenizer_config.json"),
               lambda tokenizer: {k: v for k, v in tokenizer.items() if k != "chat_template"})
     with open(os.path.join(tmp_dir, INFO), "w") as f:
@@ -85,6 +86,27 @@ def chat_template(spec):
             "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
             + parts("image", "<|vision_start|><|image_pad|><|vision_end|>") + parts("text", "{{ part['text'] }}")
             + "{% endif %}<|im_end|>\n<|im_start|>assistant\n<|endoftext|>{% endif %}{% endfor %}")
+
+
+def sentence_transformers_files(folder, spec, dim):
+    """What SentenceTransformer(folder) reads (sentence-transformers 6), as its own save() writes them: the
+    transformers module (feature extraction, every modality through the chat template, the PIL image processor
+    training used: where torchvision is installed transformers would pick another, whose resize differs), then
+    last-token pooling, not normalised, and the spec's similarity. No prompts: the template holds the system turn."""
+    forward = {"method": "forward", "method_output_name": "last_hidden_state"}
+    write_json(os.path.join(folder, "modules.json"), [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"}])
+    write_json(os.path.join(folder, "sentence_bert_config.json"), {
+        "transformer_task": "feature-extraction",
+        "modality_config": {"text": forward, "image": forward, "message": dict(forward, format="structured")},
+        "module_output_name": "token_embeddings", "processor_kwargs": {"use_fast": False}, "unpad_inputs": False})
+    write_json(os.path.join(folder, "1_Pooling", "config.json"),
+               {"embedding_dimension": int(dim), "pooling_mode": "lasttoken", "include_prompt": True})
+    write_json(os.path.join(folder, "config_sentence_transformers.json"), {
+        "model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
+        "similarity_fn_name": "dot" if spec.similarity == "dot" else "cosine"})
 
 
 def edit_json(path, change):
@@ -150,6 +172,22 @@ tokenised as plain text.
 
 The folder's chat template renders a user message as this prompt (images first, then the text), so
 `tokenizer.apply_chat_template([{{"role": "user", "content": [...]}}])` builds the same ids.
+
+## Load it with sentence-transformers
+
+```python
+from PIL import Image
+from sentence_transformers import SentenceTransformer  # 6.0 or newer, with torchvision (Qwen's processor needs it)
+
+model = SentenceTransformer("{folder}")
+vectors = model.encode(["Find the caption that best describes this picture: a red circle", "a red circle",
+                        Image.open("photo.jpg"), {{"text": "What is in the picture?", "image": Image.open("photo.jpg")}}])
+scores = model.similarity(vectors[:1], vectors[1:])  # {similarity}, as this folder's config says
+```
+
+The folder's sentence-transformers files give the vectors above: the chat template for the prompt, last-token
+pooling, no normalisation, and the PIL image processor training used (`"use_fast": false`; transformers would
+otherwise take its torchvision processor, whose resize differs).
 
 ## Load it with plain transformers
 

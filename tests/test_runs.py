@@ -230,7 +230,7 @@ def test_the_export_says_its_dtype_and_its_cards_snippet_agrees_with_encode(tiny
     assert json.load(open(os.path.join(export, "preprocessor_config.json")))["size"]["longest_edge"] == 4096
     card = open(os.path.join(export, "README.md")).read()
     namespace = {}
-    exec(card.split("```python\n")[1].split("```")[0], namespace)  # noqa: S102 - as a reader runs it
+    exec(card.split("```python\n")[2].split("```")[0], namespace)  # noqa: S102 - as a reader runs it
     reloaded, _ = load_embedder(export)
     assert reloaded.spec == embedder.spec  # the spec travels with the export
     query = {"text": "Find the caption that best describes this picture: a red circle", "image": None}
@@ -386,7 +386,7 @@ def test_the_exports_chat_template_and_cards_code_give_encodes_ids_and_vectors(t
         assert ids == prep(text, image)["input_ids"].tolist(), (text, image)
     card = open(os.path.join(export, "README.md")).read()
     namespace = {}
-    exec(card.split("```python\n")[1].split("```")[0], namespace)  # noqa: S102 - as a reader runs it
+    exec(card.split("```python\n")[2].split("```")[0], namespace)  # noqa: S102 - as a reader runs it
     expected = exported.encode([{"text": text, "image": image} for text, image in items])
     got = torch.stack([namespace["embed"](text, image) for text, image in items])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

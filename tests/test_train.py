@@ -182,7 +182,7 @@ def test_stage_two_from_stage_one_and_its_export(toy, straight, tmp_path, monkey
     # the model card names the similarity, and its plain-transformers snippet gives Embedder's embeddings
     card = open(os.path.join(out, "export", "README.md")).read()
     assert "## Similarity: dot product" in card and "query @ candidate" in card
-    snippet = card.split("```python\n")[1].split("```")[0]
+    snippet = card.split("```python\n")[2].split("```")[0]
     namespace = {}
     exec(snippet, namespace)  # noqa: S102 - the card's own code, run as a reader would
     expected = exported.encode([{"text": "Find the caption that best describes this picture: a red circle",

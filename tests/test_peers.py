@@ -1,0 +1,142 @@
+"""
+The peers' lane: an export used where embedders are used, sentence-transformers, mteb and plain transformers with
+torchvision installed (so transformers would pick its torchvision processors), against Embedder.encode. These need
+torchvision, which the project's CPU torch does not pair with, so they run in a virtual environment of their own
+(.ci/run makes it; the README's "Using a trained model" has the command); elsewhere they are skipped.
+
+    PACE_PEERS=1 python -m pytest -q tests/test_peers.py          # in that environment
+"""
+import os
+
+import pytest
+import torch
+from PIL import Image
+
+if os.environ.get("PACE_PEERS"):  # the lane itself: a missing peer is a failure, never a skip
+    import mteb
+    import sentence_transformers
+    import torchvision  # noqa: F401
+else:
+    pytest.importorskip("torchvision")
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    mteb = pytest.importorskip("mteb")
+
+from model import Embedder  # noqa: E402
+from runs.export import save_hf_folder  # noqa: E402
+from shapes.tiny_model import make_tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A Stage II (dot) and a Stage I (cosine) export of a tiny Qwen3.5 whose norms vary, and three pictures."""
+    root = tmp_path_factory.mktemp("peers")
+    embedder = Embedder.from_pretrained(make_tiny_checkpoint(str(root / "tiny"), seed=0, final_norm_std=0.15))
+    paths = {}
+    for similarity in ("dot", "cos"):
+        paths[similarity] = str(root / f"export_{similarity}")
+        save_hf_folder(embedder.state_dict(), embedder.spec.replace(similarity=similarity), paths[similarity],
+                       {"step": 1, "config": {}})
+    pictures = []
+    for k, size in enumerate([(90, 60), (300, 200), (64, 64)]):  # the second is resized: where processors differ
+        pictures.append(str(root / f"picture{k}.jpg"))
+        Image.effect_noise(size, 40 + 10 * k).convert("RGB").save(pictures[-1])
+    return paths, pictures
+
+
+def items_of(pictures):
+    return [{"text": "a red circle at the top left", "image": None}, {"text": "", "image": pictures[0]},
+            {"text": "What shape is in the middle?", "image": pictures[1]}, {"text": "", "image": pictures[2]}]
+
+
+def as_sentence_transformers_input(item):
+    image = Image.open(item["image"]) if item["image"] else None
+    if image is None:
+        return item["text"]
+    return {"text": item["text"], "image": image} if item["text"] else image
+
+
+def test_sentence_transformers_gives_encodes_vectors(exports):
+    paths, pictures = exports
+    items = items_of(pictures)
+    for similarity, name in (("dot", "dot"), ("cos", "cosine")):
+        expected = Embedder.from_pretrained(paths[similarity]).encode(items)
+        model = sentence_transformers.SentenceTransformer(paths[similarity], device="cpu")
+        assert model.similarity_fn_name == name
+        assert type(model[0].processor.image_processor).__name__ == "Qwen2VLImageProcessorPil"  # training's, not torchvision's
+        inputs = [as_sentence_transformers_input(item) for item in items]
+        for k, value in enumerate(inputs):  # text alone, an image alone, text with an image, one at a time
+            got = model.encode([value], convert_to_tensor=True)[0].float()
+            torch.testing.assert_close(got, expected[k], atol=1e-5, rtol=0)
+        mixed = model.encode(inputs, convert_to_tensor=True).float()  # and a batch mixing them, not normalised
+        torch.testing.assert_close(mixed, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(mixed.norm(dim=-1), expected.norm(dim=-1), atol=1e-5, rtol=0)
+
+
+def test_the_processors_chat_template_builds_the_preprocessors_ids(exports):
+    from transformers import AutoProcessor
+    paths, pictures = exports
+    embedder = Embedder.from_pretrained(paths["dot"])
+    processor = AutoProcessor.from_pretrained(paths["dot"], use_fast=False)
+    for item in items_of(pictures):
+        content = ([{"type": "image", "image": Image.open(item["image"]).convert("RGB")}] if item["image"] else []) + \
+                  ([{"type": "text", "text": item["text"]}] if item["text"] else [])
+        ids = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=True)
+        assert list(ids["input_ids"][0]) == embedder.preprocessor(item["text"], item["image"])["input_ids"].tolist()
+
+
+def test_the_cards_code_gives_encodes_vectors_with_torchvision_installed(exports):
+    paths, pictures = exports
+    card = open(os.path.join(paths["dot"], "README.md")).read()
+    namespace = {}
+    exec(card.split("```python\n")[2].split("```")[0], namespace)  # noqa: S102 - the plain-transformers code
+    items = items_of(pictures)[:3]
+    expected = Embedder.from_pretrained(paths["dot"]).encode(items)
+    got = torch.stack([namespace["embed"](item["text"], item["image"]) for item in items])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_mteb_wrapper_scores_a_local_image_task_with_encodes_vectors(exports):
+    from datasets import Dataset
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+    from mteb.abstasks.task_metadata import TaskMetadata
+    from mteb.types import PromptType
+    from tools.mteb_model import PaceEncoder
+    paths, pictures = exports
+    captions = ["a picture of noise", "more noise, larger", "a small square of noise"]
+
+    class LocalTextToImage(AbsTaskRetrieval):  # three captions, each with its own picture: no download
+        metadata = TaskMetadata(
+            type="Any2AnyRetrieval", name="LocalT2I", main_score="ndcg_at_10", description="a local test task",
+            reference="https://example.org", dataset={"path": "NA", "revision": "NA"}, category="t2i",
+            eval_splits=["test"], eval_langs=["eng-Latn"], date=("2026-01-01", "2026-01-01"), dialect=["Written"],
+            domains=[], task_subtypes=[], license="cc-by-4.0", annotations_creators="derived",
+            modalities=["image", "text"], sample_creation="found", bibtex_citation="",
+            prompt={"query": "Retrieve an image that best matches the following description."})
+
+        def load_data(self, num_proc=None, **kwargs):
+            split = RetrievalSplitData(
+                queries=Dataset.from_dict({"id": [f"q{k}" for k in range(3)], "text": captions}),
+                corpus=Dataset.from_dict({"id": [f"d{k}" for k in range(3)],
+                                          "image": [Image.open(p).convert("RGB") for p in pictures]}),
+                relevant_docs={f"q{k}": {f"d{k}": 1} for k in range(3)}, top_ranked=None)
+            self.dataset, self.data_loaded = {"default": {"test": split}}, True
+
+    task = LocalTextToImage()
+    encoder = PaceEncoder(paths["dot"], batch_size=2)
+    assert encoder.mteb_model_meta.similarity_fn_name.value == "dot" and "image" in encoder.mteb_model_meta.modalities
+    results = mteb.evaluate(encoder, task, cache=None)
+    score = results.task_results[0].scores["test"][0]["main_score"]
+    assert 0.0 <= score <= 1.0
+    # the vectors mteb ranked are encode()'s: the queries with the task's instruction, the pictures without
+    task.load_data()
+    loader = torch.utils.data.DataLoader([{"text": c} for c in captions], batch_size=2,
+                                         collate_fn=lambda rows: {"text": [r["text"] for r in rows]})
+    queries = encoder.encode(loader, task_metadata=task.metadata, hf_split="test", hf_subset="default",
+                             prompt_type=PromptType.query)
+    expected = encoder.model.encode([{"text": "Retrieve an image that best matches the following description. " + c,
+                                      "image": None} for c in captions])
+    torch.testing.assert_close(torch.from_numpy(queries), expected, atol=1e-6, rtol=0)
+    scores = expected @ encoder.model.encode([{"text": "", "image": p} for p in pictures]).T  # (3, 3), dot
+    hits = sum(int(scores[k].argmax()) == k for k in range(3))
+    assert (score == 1.0) == (hits == 3)  # ndcg@10 is 1 exactly when every caption ranks its own picture first
