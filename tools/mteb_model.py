@@ -1,11 +1,12 @@
 """
 tools/mteb_model.py: a PACE checkpoint as an mteb encoder, for mteb's and MIEB's image and text tasks.
 
-    pip install mteb                       # in the environment of docs/peers.md: mteb needs torchvision's stack
+    # in the peers' environment (tests/requirements-peers.txt: mteb, and torchvision beside PyPI's torch)
     import mteb
     from tools.mteb_model import PaceEncoder
     model = PaceEncoder("out/stage2/export")          # an export, a step folder or a release
-    results = mteb.evaluate(model, mteb.get_tasks(tasks=["CIRRIT2IRetrieval"]))   # a MIEB task
+    results = mteb.evaluate(model, mteb.get_tasks(tasks=["CIRRIT2IRetrieval"]))   # one MIEB task
+    results = mteb.evaluate(model, mteb.get_benchmark("MIEB(lite)"))             # MIEB's lite set
 
 mteb (2.x) hands an encoder batches of columns ({"text": [...], "image": [PIL images]}; a batch may have either or
 both) and asks for one vector a row; it ranks by the similarity the model's metadata names, here the spec's (dot
