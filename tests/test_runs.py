@@ -334,9 +334,11 @@ def test_written_files_get_the_mode_the_umask_gives(tiny_embedder, tmp_path, uma
         common.write_json(str(tmp_path / "eval.json"), {"overall": 1.0})
     finally:
         os.umask(previous)
-    written = [os.path.join(export, name) for name in os.listdir(export)] + [str(tmp_path / "vectors.safetensors"),
-                                                                          str(tmp_path / "eval.json")]
+    written = [os.path.join(top, name) for top, _, names in os.walk(export) for name in names]
+    written += [str(tmp_path / "vectors.safetensors"), str(tmp_path / "eval.json")]
     assert os.path.join(export, "model.safetensors") in written
+    assert os.path.join(export, "1_Pooling", "config.json") in written
+    assert oct(os.stat(os.path.join(export, "1_Pooling")).st_mode & 0o777) == oct(0o777 & ~umask)  # a folder: rwx
     assert {path: oct(os.stat(path).st_mode & 0o777) for path in written} == {path: oct(mode) for path in written}
 
 
