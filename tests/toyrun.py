@@ -48,8 +48,10 @@ def launch(toy, out_dir, *args, nproc=1, popen=False, output=subprocess.PIPE):
     command = [sys.executable, train] if nproc == 1 else torchrun_command(nproc, train)
     env = dict(rank_env(), PYTHONUNBUFFERED="1")
     if popen:
+        # SIGHUP as a terminal's run has it, also when the tests themselves run under nohup (which ignores it)
         return subprocess.Popen(command + common + list(args), cwd=ROOT, env=env, text=True, stdout=output,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     return run_process(command + common + list(args), env=env)
 
 
