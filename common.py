@@ -1,8 +1,9 @@
 """
 common.py: what every script needs around its work (nanochat's common.py in spirit): the process and its device,
 progress lines, one-line errors for the mistakes a user must fix, atomic writes, lock files, Weights & Biases, image
-files read as a viewer shows them, and the one convention of the data every layer shares (IMAGE_MARKER). It imports no other module of this project, so
-every module may import it.
+files read as a viewer shows them, a video's frames sized, timed and cut as Qwen3-VL's video processor does it
+(VideoProcessor: that class needs torchvision), and the conventions of the data every layer shares (IMAGE_MARKER,
+VIDEO_MARKER, the frames a video keeps). It imports no other module of this project, so every module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
@@ -14,6 +15,7 @@ row, a refused out_dir): install_error_hook() prints it as `error: message` and 
 (a bug, a library's failure) keeps its whole traceback. PACE_TRACEBACK=1 keeps the traceback of UserError too.
 """
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -29,6 +31,7 @@ import torch
 from PIL import Image, ImageOps
 
 IMAGE_MARKER = "<|image_1|>"  # in an item's text (MMEB's and mmE5's rows): where the item's image goes
+VIDEO_MARKER = "<|video_1|>"  # in an item's text: where the item's video (a list of frames) goes
 
 
 class UserError(ValueError):
@@ -425,3 +428,157 @@ def image_size(image):
 def image_name(image):
     """How an error names an image: its path, quoted, or '(in memory)'."""
     return repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else "(in memory)"
+
+
+# -----------------------------------------------------------------------------
+# videos: an item's "video" is a list of frames (file paths or PIL images), in order; model.Preprocessor sizes, times
+# and cuts them as transformers' Qwen3-VL video processor does, with VideoProcessor (that class needs torchvision)
+
+def frame_choice(count, budget):
+    """Indices of the frames a video of `count` frames keeps under a budget of `budget`: all of them when they are
+    no more (never padded), else `budget` spread evenly from the first to the last, truncated to integers as
+    VLM2Vec's process_video_frames picks them (np.linspace(..., dtype=int)): 64 frames, 8 kept -> 0, 9, 18, ..., 63."""
+    if count <= budget:
+        return list(range(count))
+    return np.linspace(0, count - 1, budget, dtype=int).tolist()
+
+
+def check_video(video):
+    """A video as an item holds it -> the list of its frames; a UserError when it is not a non-empty list of frame
+    paths or PIL images."""
+    if not isinstance(video, (list, tuple)) or not video:
+        kind = "an empty list" if isinstance(video, (list, tuple)) else type(video).__name__
+        raise UserError(f"a video must be a non-empty list of frames (file paths or PIL images), got {kind}")
+    for frame in video:
+        if not isinstance(frame, (str, os.PathLike, Image.Image)):
+            raise UserError(f"a video's frames must be file paths or PIL images, got {type(frame).__name__}")
+    return list(video)
+
+
+def video_name(frames):
+    """How an error names a video: its first frame (image_name) and how many frames it has."""
+    return f"{image_name(frames[0])} (the first of {len(frames)} frames)"
+
+
+def video_smart_resize(num_frames, height, width, temporal, factor, min_pixels, max_pixels):
+    """The frame size Qwen3-VL's video processor resizes a video to: sides multiples of `factor` (patch * merge),
+    aspect ratio kept, and the pixels of all its frames (num_frames rounded to the temporal patch, times h * w) within
+    [min_pixels, max_pixels]: the budget is the whole video's, not a frame's. A side under `factor` is first scaled up
+    to it. transformers refuses fewer frames than the temporal patch; one frame is sized here as the pair it pads to."""
+    num_frames = max(num_frames, temporal)
+    if min(height, width) < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"frame aspect ratio {height}x{width} is more than 200")
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    t = round(num_frames / temporal) * temporal
+    if t * h * w > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif t * h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoProcessor:
+    """A checkpoint's video processor settings (Qwen3VLVideoProcessor's defaults for what its JSON leaves out) and
+    what that processor does with a video's frames: their size (grid), the timestamps, the uint8 patches and the
+    pixel values of each byte. size: the pixel budget of a whole video, t * h * w."""
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    size: dict = dataclasses.field(default_factory=lambda: {"shortest_edge": 128 * 1024, "longest_edge": 768 * 1024})
+    resample: int = 3  # PIL's BICUBIC
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple = (0.5, 0.5, 0.5)
+    image_std: tuple = (0.5, 0.5, 0.5)
+
+    @classmethod
+    def from_pretrained(cls, path):
+        """The settings in a local folder, found where transformers looks: processor_config.json's "video_processor",
+        else video_preprocessor_config.json, else preprocessor_config.json (the image processor's); none: defaults."""
+        for name in ("processor_config.json", "video_preprocessor_config.json", "preprocessor_config.json"):
+            file = os.path.join(path, name)
+            try:
+                with open(file) as f:
+                    settings = json.load(f)
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as error:
+                raise UserError(f"{file}: not a processor config ({error})") from None
+            settings = settings.get("video_processor") if name == "processor_config.json" else settings
+            if settings is None:
+                continue
+            size = settings.get("size", cls().size)
+            if settings.get("do_resize") is False or settings.get("cap_pixels_per_frame"):
+                raise UserError(f"{file}: a video processor with do_resize false or cap_pixels_per_frame true is not "
+                                "supported (model.Preprocessor resizes as Qwen3VLVideoProcessor does by default)")
+            if not isinstance(size, dict) or not {"shortest_edge", "longest_edge"} <= set(size):
+                raise UserError(f"{file}: a video processor's size names shortest_edge and longest_edge, not {size!r}")
+            known = {field.name for field in dataclasses.fields(cls)} - {"size"}
+            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items() if k in known},
+                       size={"shortest_edge": size["shortest_edge"], "longest_edge": size["longest_edge"]})
+        return cls()
+
+    def grid(self, num_frames, height, width, most=None):
+        """(grid_t, grid_h, grid_w) in patches of num_frames frames of this size after resizing (video_smart_resize
+        within size's budget); grid_t counts temporal patches, the frames padded to whole ones. most: when a temporal
+        patch would take more merged patches than that (tokens), the largest size that takes no more: smart_resize
+        under the largest budget, without a minimum, that gives it (one merged patch a frame at the least)."""
+        factor, temporal = self.patch_size * self.merge_size, self.temporal_patch_size
+
+        def sized(low, high):  # (h, w) in pixels
+            return video_smart_resize(num_frames, height, width, temporal, factor, low, high)
+        h, w = sized(self.size["shortest_edge"], self.size["longest_edge"])
+        if most is not None and (h // factor) * (w // factor) > most > 0:  # h, w grow with the budget: bisect it
+            low, high = 1, 4 * most * (num_frames + temporal) * factor**2  # sized(0, 1): one merged patch a frame
+            while low < high:
+                middle = (low + high + 1) // 2
+                fits = math.prod(x // factor for x in sized(0, middle)) <= most
+                low, high = (middle, high) if fits else (low, middle - 1)
+            h, w = sized(0, low)
+        return -(-num_frames // temporal), h // self.patch_size, w // self.patch_size
+
+    def timestamps(self, num_frames, fps):
+        """The text before each temporal patch of num_frames frames taken at fps ("<0.2 seconds>"), timed as
+        transformers' Qwen3-VL processor times them: the frame indices 0..num_frames-1 padded to the temporal patch by
+        repeating the last, each patch at the mean of its first and last frame's seconds. 8 frames, 2 fps: 0.25, 1.25,
+        2.25 and 3.25 seconds, written "<0.2 seconds>", "<1.2 seconds>", ... (Python rounds halves to even)."""
+        temporal = self.temporal_patch_size
+        indices = list(range(num_frames)) + [num_frames - 1] * (-num_frames % temporal)
+        seconds = [(indices[k] / fps + indices[k + temporal - 1] / fps) / 2 for k in range(0, len(indices), temporal)]
+        return [f"<{s:.1f} seconds>" for s in seconds]
+
+    def patches(self, frames, grid):
+        """RGB PIL frames -> (grid_t * grid_h * grid_w, 3 * temporal * patch * patch) uint8 patches. Each frame is
+        resized to the grid's size with PIL and the configured resampling, where transformers resizes with torchvision
+        (antialiased, on tensors, its own rounding), which the core may not import: a resized frame's bytes differ a
+        little from its (tests/test_peers.py measures how much); a frame already at that size is kept as it is, as
+        there. The frames are padded to a whole temporal patch by repeating the last, then cut in its order: temporal
+        patch, merge group, merged patch, then (channel, frame, row, column) within a patch."""
+        temporal, patch, merge = self.temporal_patch_size, self.patch_size, self.merge_size
+        grid_t, grid_h, grid_w = grid
+        size = (grid_w * patch, grid_h * patch)
+        frames = [f if f.size == size else f.resize(size, resample=self.resample) for f in frames]
+        frames += frames[-1:] * (grid_t * temporal - len(frames))  # an odd count: the last frame twice
+        x = torch.from_numpy(np.stack([np.asarray(f) for f in frames])).permute(0, 3, 1, 2)  # (T, 3, h, w) uint8
+        x = x.reshape(grid_t, temporal, 3, grid_h // merge, merge, patch, grid_w // merge, merge, patch)
+        x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (grid_t, grid_h/m, grid_w/m, m, m, 3, temporal, patch, patch)
+        return x.reshape(grid_t * grid_h * grid_w, 3 * temporal * patch * patch)
+
+    def pixel_table(self):
+        """(3, 256) float32: each channel's byte value as the video processor rescales and normalises it on tensors,
+        both fused into one (x - mean / rescale) / (std / rescale) in float32, so a lookup gives its pixel values."""
+        values = torch.arange(256, dtype=torch.float32).expand(3, -1)  # (3, 256)
+        mean, std = (torch.tensor(v, dtype=torch.float32)[:, None] for v in (self.image_mean, self.image_std))
+        if self.do_rescale and self.do_normalize:
+            return (values - mean * (1.0 / self.rescale_factor)) / (std * (1.0 / self.rescale_factor))
+        if self.do_normalize:
+            return (values - mean) / std
+        return values * self.rescale_factor if self.do_rescale else values.clone()

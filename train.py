@@ -74,6 +74,10 @@ similarity = "cos"  # 'cos' (eq. 1, Stage I) or 'dot' (eq. 2, Stage II)
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
 max_pixels = 1605632  # image pixel budget
 min_pixels = 0  # 0: the checkpoint's own minimum
+video_frames = 8  # frames a video keeps, spread evenly (VLM2Vec-V2's MMEB-V2 budget)
+video_min_pixels = 0  # a video's pixel budget over all its frames (t * h * w); 0: the checkpoint's own
+video_max_pixels = 0  # 0: the checkpoint's own (its video processor's size)
+video_fps = 2.0  # the frame rate a video's timestamps assume (Qwen3-VL's video processor samples at 2)
 # the loss and the optimizer
 learning_rate = 2e-5  # AdamW peak learning rate
 warmup_ratio = 0.05  # share of max_iters with linear warmup

@@ -33,7 +33,8 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     """Write a consolidated Embedder state_dict (keys "model.visual...", "model.language_model..."; LoRA already
     merged) as a Hugging Face folder in the release layout of spec.backbone, so Embedder.from_pretrained and plain
     transformers (Qwen3_5ForConditionalGeneration) both load it, with the spec, pace.json (info) and the model
-    card. Atomic: written aside, then renamed. The processor's size is the spec's pixel budget, not the release's.
+    card. Atomic: written aside, then renamed. The processors' sizes are the spec's pixel budgets (image, video),
+    not the release's.
     config.json says the dtype the weights are stored in (training's float32 master weights), not the release's
     (bfloat16): plain transformers loads a folder in its config's dtype, and would compute in bf16 otherwise."""
     from safetensors.torch import save_file
@@ -46,9 +47,13 @@ def save_hf_folder(state_dict, spec, out_dir, info):
         if os.path.isfile(os.path.join(spec.backbone, name)):
             shutil.copyfile(os.path.join(spec.backbone, name), os.path.join(tmp_dir, name))  # the mode is the umask's
     budget = lambda processor: dict(processor, size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels})  # noqa: E731
+    video_budget = lambda processor: dict(processor, size={"shortest_edge": spec.video_min_pixels,  # noqa: E731
+                                                           "longest_edge": spec.video_max_pixels})
     edit_json(os.path.join(tmp_dir, "preprocessor_config.json"), budget)
-    edit_json(os.path.join(tmp_dir, "processor_config.json"), lambda processor: dict(
-        processor, image_processor=budget(processor["image_processor"])) if "image_processor" in processor else processor)
+    edit_json(os.path.join(tmp_dir, "video_preprocessor_config.json"), video_budget)
+    edit_json(os.path.join(tmp_dir, "processor_config.json"), lambda processor: dict(processor, **{
+        key: change(processor[key]) for key, change in (("image_processor", budget), ("video_processor", video_budget))
+        if key in processor}))
     tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
     stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
     if len(stored) == 1:

@@ -96,7 +96,8 @@ def test_trains_imports_are_at_most_three_deep_and_draw_nothing():
 def test_one_step_is_six_files_of_a_few_hundred_lines():
     lines = {name: sum(1 for _ in open(os.path.join(ROOT, name))) for name in STEP_FILES}
     print(f"one training step: {len(lines)} files, {sum(lines.values())} lines: {lines}")
-    assert all(count <= 520 for count in lines.values()) and sum(lines.values()) <= 1850, lines  # no file grows fat
+    # no file grows fat (the step took 1,825 lines before video input, Qwen3.5's own video path, added ~120)
+    assert all(count <= 600 for count in lines.values()) and sum(lines.values()) <= 1960, lines
 
 
 def named_paths():

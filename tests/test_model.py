@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from common import IMAGE_MARKER, UserError
+from common import IMAGE_MARKER, VIDEO_MARKER, UserError
 from model import Embedder, EmbeddingSpec, Preprocessor, load_image, smart_resize
 from shapes.tiny_model import make_tiny_checkpoint
 
@@ -309,3 +309,227 @@ def test_pooling_reads_the_state_after_the_final_norm(tmp_path):
     weight = norm.weight.detach()
     expected = 8 * (1 + weight) * last(seen["before"]) / last(seen["before"]).norm(dim=-1, keepdim=True)  # sqrt(D) = 8
     torch.testing.assert_close(vectors, expected, atol=1e-3, rtol=1e-3)  # the zero-centred RMSNorm's output
+
+
+# -----------------------------------------------------------------------------
+# videos: an item's "video" is a list of frames
+
+def _frames(count, size=(64, 32), seed=0):
+    """count distinct noise frames: 64x32 is already a size the tiny video processor keeps (4 frames: 8,192 pixels
+    of its 1,024..16,384 budget), so no resize touches them."""
+    return [Image.effect_noise(size, 30 + 7 * k + seed).convert("RGB") for k in range(count)]
+
+
+def test_a_video_keeps_the_frames_vlm2vec_keeps(tiny_checkpoint):
+    from common import frame_choice
+    assert frame_choice(64, 8) == [0, 9, 18, 27, 36, 45, 54, 63]  # MMEB-V2's 64 saved frames, 8 kept
+    assert frame_choice(10, 8) == [0, 1, 2, 3, 5, 6, 7, 9]  # truncated as np.linspace(dtype=int), never rounded
+    assert frame_choice(5, 8) == [0, 1, 2, 3, 4] and frame_choice(8, 8) == list(range(8))  # fewer: all, no padding
+    prep = Preprocessor.from_pretrained(tiny_checkpoint)
+    frames = _frames(10)
+    assert prep.kept_frames(frames) == [frames[k] for k in (0, 1, 2, 3, 5, 6, 7, 9)]
+    given = prep("what happens?", video=frames)["pixel_values_videos"]
+    chosen = prep("what happens?", video=[frames[k] for k in (0, 1, 2, 3, 5, 6, 7, 9)])["pixel_values_videos"]
+    rounded = prep("what happens?", video=[frames[k] for k in (0, 1, 3, 4, 5, 6, 8, 9)])["pixel_values_videos"]
+    assert torch.equal(given, chosen) and not torch.equal(given, rounded)
+    four = Preprocessor.from_pretrained(tiny_checkpoint, video_frames=4)
+    assert four.kept_frames(frames) == [frames[k] for k in (0, 3, 6, 9)]
+    assert prep("x", video=frames[:5])["video_grid_thw"].tolist() == [[3, 2, 4]]  # 5 frames kept: 3 temporal patches
+
+
+def test_video_sizes_and_timestamps_are_transformers(tiny_checkpoint):
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as reference
+
+    from common import video_smart_resize
+    for frames in (2, 3, 8, 17):
+        for height, width in [(32, 64), (300, 170), (20, 700), (9, 40), (1080, 1920), (31, 33)]:
+            for low, high in [(1024, 16384), (4096, 32768), (128 * 1024, 768 * 1024), (0, 1)]:
+                assert video_smart_resize(frames, height, width, 2, 32, low, high) == \
+                    reference(frames, height, width, temporal_factor=2, factor=32, min_pixels=low, max_pixels=high)
+    prep = Preprocessor.from_pretrained(tiny_checkpoint)
+    for fps in (2.0, 1.0, 3.0, 24):
+        for frames in range(1, 18):
+            seconds = Qwen3VLProcessor._calculate_timestamps(None, list(range(frames)), fps, 2)
+            assert prep.video_processor.timestamps(frames, fps) == [f"<{s:.1f} seconds>" for s in seconds]
+    assert prep.video_processor.timestamps(8, 2.0) == [f"<{s} seconds>" for s in ("0.2", "1.2", "2.2", "3.2")]
+
+
+def test_video_layout_and_positions_match_transformers(tiny_embedder):
+    prep = tiny_embedder.preprocessor
+    def decode(ids):
+        return prep.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+    rgb, grey, _, _ = _images()
+    videos = [_frames(8), _frames(5, (300, 170)), _frames(3, (40, 90), seed=1)]
+    texts = [f"before {VIDEO_MARKER} after", "a caption", f"{VIDEO_MARKER}\nQuestion: what? {IMAGE_MARKER}"]
+    features = [prep(text, video=video) for text, video in zip(texts, videos)]
+    features += [prep(f"q {IMAGE_MARKER} tail", rgb), prep(f"only text {VIDEO_MARKER}"), prep("", grey)]
+    pads = "<|video_pad|>" * 2  # 64x32 frames: a 2 x 4 patch grid, 2 merged patches per temporal patch
+    video = "".join(f"<{s} seconds><|vision_start|>{pads}<|vision_end|>" for s in ("0.2", "1.2", "2.2", "3.2"))
+    assert f"user\nbefore {video} after<|im_end|>" in decode(features[0]["input_ids"])
+    assert "user\n<0.2 seconds><|vision_start|>" in decode(features[1]["input_ids"])  # no marker: the video leads
+    assert "<|vision_end|>\nQuestion: what? <|im_end|>" in decode(features[2]["input_ids"])  # the image marker goes
+    assert "user\nonly text <|im_end|>" in decode(features[4]["input_ids"])  # a video marker without a video goes
+    batch = prep.collate(features)
+    reference, _ = tiny_embedder.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
+                                                      batch["image_grid_thw"], batch["video_grid_thw"],
+                                                      attention_mask=batch["attention_mask"])
+    mask = batch["attention_mask"].bool()
+    assert torch.equal(reference[:, mask], batch["position_ids"][:, mask])
+    assert batch["video_grid_thw"].tolist() == [[4, 2, 4], [3, 2, 4], [2, 6, 2]] and len(batch["image_grid_thw"]) == 2
+    kinds = batch["mm_token_type_ids"]
+    assert torch.equal(kinds == 2, batch["input_ids"] == prep.video_pad_id) and (kinds == 1).sum() == \
+        (batch["input_ids"] == prep.image_pad_id).sum() > 0
+    assert batch["pixel_values_videos"].shape == (32 + 24 + 24, 3 * 2 * 16 * 16)
+    items = list(zip(texts, videos))
+    assert [prep.num_tokens(text, video=video) for text, video in items] == [len(f["input_ids"]) for f in features[:3]]
+
+
+def test_video_patches_are_the_frames_cut_in_transformers_order(tiny_embedder):
+    import numpy as np
+    prep, frames = tiny_embedder.preprocessor, _frames(4)
+    feature = prep("", video=frames)
+    patches, (grid_t, grid_h, grid_w) = feature["pixel_values_videos"], feature["video_grid_thw"][0].tolist()
+    assert (grid_t, grid_h, grid_w) == (2, 2, 4) and patches.dtype == torch.uint8  # 64x32 frames, not resized
+    pixels = np.stack([np.asarray(f) for f in frames])  # (4, 32, 64, 3)
+    expected = []  # temporal patch, then merge group (row, column), then the merged patch's own 2 x 2, row-major
+    for t in range(grid_t):
+        for group_row in range(grid_h // 2):
+            for group_col in range(grid_w // 2):
+                for row in range(2 * group_row, 2 * group_row + 2):
+                    for col in range(2 * group_col, 2 * group_col + 2):
+                        block = pixels[2 * t:2 * t + 2, 16 * row:16 * (row + 1), 16 * col:16 * (col + 1)]  # (2, 16, 16, 3)
+                        expected.append(block.transpose(3, 0, 1, 2).reshape(-1))  # channel, frame, row, column
+    assert torch.equal(patches, torch.from_numpy(np.stack(expected)))
+    values = tiny_embedder.pixel_values(patches, video=True)  # no temporal copy: the frames are there
+    assert values.shape == patches.shape
+    torch.testing.assert_close(values, (patches.double() / 255 - 0.5).float() / 0.5, atol=1e-6, rtol=0)
+
+
+def test_an_odd_frame_count_pads_with_the_last_frame(tiny_checkpoint):
+    prep = Preprocessor.from_pretrained(tiny_checkpoint)
+    frames = _frames(3)
+    feature = prep("", video=frames)
+    assert feature["video_grid_thw"].tolist() == [[2, 2, 4]]
+    last = feature["pixel_values_videos"][8:].view(8, 3, 2, 16, 16)  # the second temporal patch: frame 3, twice
+    assert torch.equal(last[:, :, 0], last[:, :, 1]) and not torch.equal(feature["pixel_values_videos"][:8].view(
+        8, 3, 2, 16, 16)[:, :, 0], feature["pixel_values_videos"][:8].view(8, 3, 2, 16, 16)[:, :, 1])
+    assert torch.equal(last, prep("", video=[frames[2], frames[2]])["pixel_values_videos"].view(8, 3, 2, 16, 16))
+    text = prep.tokenizer.decode(feature["input_ids"].tolist())
+    assert "<0.2 seconds>" in text and "<1.0 seconds>" in text  # frames 2 and 2: 1.0 s, as transformers times them
+    one = prep("", video=frames[:1])  # transformers refuses one frame; here it is the pair it pads to
+    assert one["video_grid_thw"].tolist() == [[1, 2, 4]] and "<0.0 seconds>" in prep.tokenizer.decode(one["input_ids"])
+
+
+def test_encoding_a_video(tiny_embedder):
+    frames = _frames(8)
+    changed = frames[:-1] + [Image.new("RGB", (64, 32), (250, 10, 10))]
+    items = [{"text": "what happens?", "video": frames}, {"text": "what happens?", "image": frames[0]},
+             {"text": "what happens?", "video": changed}, {"text": "a text", "image": None}]
+    together = tiny_embedder.encode(items, batch_size=4)
+    alone = torch.cat([tiny_embedder.encode([item]) for item in items])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)  # a video beside images and text: batch invariant
+    assert torch.isfinite(together).all() and together.shape == (4, tiny_embedder.dim)
+    cos = torch.nn.functional.cosine_similarity
+    assert cos(alone[0], alone[1], dim=0) < 0.999  # the video is not its first frame as an image
+    assert (alone[0] - alone[2]).abs().max() > 1e-3  # its last frame counts
+
+
+def test_a_videos_errors_name_it_and_inference_shrinks_one_too_long(tiny_checkpoint, tmp_path):
+    paths = []
+    for k, frame in enumerate(_frames(8, (640, 320))):
+        paths.append(str(tmp_path / f"frame_{k:04d}.jpg"))
+        frame.save(paths[-1])
+    embedder = Embedder.from_pretrained(tiny_checkpoint)
+    with pytest.raises(UserError, match="item 0: a video must be a non-empty list"):
+        embedder.encode([{"text": "x", "video": []}])
+    with pytest.raises(UserError, match="item 0: .*file paths or PIL images, got int"):
+        embedder.encode([{"text": "x", "video": [1, 2]}])
+    with pytest.raises(UserError, match="item 1: an item holds an image or a video, not both"):
+        embedder.encode([{"text": "x", "image": None}, {"text": "x", "image": paths[0], "video": paths}])
+    with pytest.raises(UserError, match=r"item 0: .*missing\.jpg"):
+        embedder.encode([{"text": "x", "video": paths[:3] + [str(tmp_path / "missing.jpg")]}])
+    # the whole budget, 16,384 pixels over 8 frames of 2:1, takes 2 merged patches a temporal patch: 4 tokens fewer
+    # is one each, the least a frame pair takes
+    need = Preprocessor.from_pretrained(tiny_checkpoint).num_tokens("", video=paths)
+    training = Preprocessor.from_pretrained(tiny_checkpoint, max_length=need - 4)
+    with pytest.raises(UserError, match=r"video '.*frame_0000\.jpg' \(the first of 8 frames\): its \d+ tokens"):
+        training.num_tokens("what is it?", video=paths)
+    from runs.export import load_for_inference
+    inference, _ = load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=need - 4)
+    prep = inference.preprocessor
+    assert Preprocessor.from_pretrained(tiny_checkpoint)("what?", video=paths)["video_grid_thw"].tolist() == [[4, 2, 4]]
+    feature = prep("", video=paths)
+    assert len(feature["input_ids"]) == prep.num_tokens("", video=paths) == need - 4
+    assert feature["video_grid_thw"].tolist() == [[4, 2, 2]]  # one merged patch a frame pair: it fits
+    assert prep.shrunk == [f"{paths[0]!r} (the first of 8 frames)"]
+    assert torch.isfinite(inference.encode([{"text": "", "video": paths}])).all()
+    with pytest.raises(UserError, match=r"frame_0000\.jpg.*do not fit max_length"):  # not even then: named
+        load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=need - 5)[0].preprocessor("", video=paths)
+
+
+def test_the_video_processor_settings_come_from_the_checkpoints_json(tiny_checkpoint, tmp_path):
+    import json
+    folder = str(tmp_path / "consolidated")
+    shutil.copytree(tiny_checkpoint, folder)
+    parts = {}
+    for key, name in [("image_processor", "preprocessor_config.json"),
+                      ("video_processor", "video_preprocessor_config.json")]:
+        with open(os.path.join(folder, name)) as f:
+            parts[key] = json.load(f)
+        os.remove(os.path.join(folder, name))  # transformers 5's layout: one processor_config.json
+    parts["video_processor"].update(size={"shortest_edge": 2048, "longest_edge": 65536}, image_mean=[0.25, 0.5, 0.75])
+    with open(os.path.join(folder, "processor_config.json"), "w") as f:
+        json.dump(dict(parts, processor_class="Qwen3VLProcessor"), f)
+    embedder = Embedder.from_pretrained(folder)
+    assert (embedder.spec.video_min_pixels, embedder.spec.video_max_pixels) == (2048, 65536)
+    assert embedder.preprocessor.video_processor.image_mean == (0.25, 0.5, 0.75)
+    assert embedder.video_pixel_table[0, 0] == (0 - 0.25 * 255) / (0.5 * 255)  # its mean, not the image processor's
+    assert Preprocessor.from_pretrained(folder, video_max_pixels=4096).video_processor.size["longest_edge"] == 4096
+    with pytest.raises(UserError, match="video_min_pixels 8192 > video_max_pixels 4096"):
+        Preprocessor.from_pretrained(folder, video_min_pixels=8192, video_max_pixels=4096)
+    parts["video_processor"]["cap_pixels_per_frame"] = True
+    with open(os.path.join(folder, "processor_config.json"), "w") as f:
+        json.dump(parts, f)
+    with pytest.raises(UserError, match=r"processor_config\.json: .*cap_pixels_per_frame"):
+        Preprocessor.from_pretrained(folder)
+
+
+def joining_space_and_bracket(checkpoint, folder):
+    """A copy of checkpoint whose tokenizer merges " <" into one token, as Qwen's does (the tiny one has no such
+    merge): its last merge gives its id up to it."""
+    import json
+    shutil.copytree(checkpoint, folder)
+    path = os.path.join(folder, "tokenizer.json")
+    with open(path) as f:
+        tokenizer = json.load(f)
+    model = tokenizer["model"]
+    first, second = model["merges"].pop()
+    model["vocab"]["Ġ<"] = model["vocab"].pop(first + second)
+    model["merges"].append(["Ġ", "<"])
+    with open(path, "w") as f:
+        json.dump(tokenizer, f)
+    return folder
+
+
+def test_the_text_before_a_video_is_tokenised_with_its_first_timestamp(tiny_checkpoint, tmp_path):
+    # transformers' processor tokenises "before <0.2 seconds>" as one text: a tokenizer that merges " <" (Qwen's
+    # does) gives one token there, which the text and the timestamp tokenised apart would not
+    folder = joining_space_and_bracket(tiny_checkpoint, str(tmp_path / "merging"))
+    prep, frames = Preprocessor.from_pretrained(folder), _frames(4)
+    joined = prep.tokenizer.convert_tokens_to_ids("Ġ<")
+    assert prep.ids(" <") == [joined] and prep.ids(" ") + prep.ids("<") != [joined]
+    text = f"before {VIDEO_MARKER} after"
+    feature = prep(text, video=frames)
+    ids = feature["input_ids"].tolist()
+    start = len(prep.prefix_ids)
+    assert ids[start:start + len(prep.ids("before <0.2 seconds>"))] == prep.ids("before <0.2 seconds>")
+    assert len(ids) == prep.num_tokens(text, video=frames)
+    model = Embedder.from_pretrained(tiny_checkpoint).model  # positions: the joint run is one text run as well
+    batch = prep.collate([feature])
+    reference, _ = model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"], None, batch["video_grid_thw"])
+    assert torch.equal(reference, batch["position_ids"])
+    # a text before the video cut short by max_length keeps the ids it was cut to, the timestamp's after them
+    short = Preprocessor.from_pretrained(folder, max_length=prep.num_tokens(text, video=frames) - 3)
+    cut = short("many words " * 50 + f"word {VIDEO_MARKER}", video=frames)["input_ids"].tolist()
+    assert len(cut) == short.max_length and cut.count(prep.video_pad_id) == 4

@@ -21,6 +21,7 @@ else:
     sentence_transformers = pytest.importorskip("sentence_transformers")
     mteb = pytest.importorskip("mteb")
 
+from common import VIDEO_MARKER  # noqa: E402
 from model import Embedder  # noqa: E402
 from runs.export import save_hf_folder  # noqa: E402
 from shapes.tiny_model import make_tiny_checkpoint  # noqa: E402
@@ -140,3 +141,68 @@ def test_the_mteb_wrapper_scores_a_local_image_task_with_encodes_vectors(exports
     scores = expected @ encoder.model.encode([{"text": "", "image": p} for p in pictures]).T  # (3, 3), dot
     hits = sum(int(scores[k].argmax()) == k for k in range(3))
     assert (score == 1.0) == (hits == 3)  # ndcg@10 is 1 exactly when every caption ranks its own picture first
+
+
+def processor_video_inputs(processor, preprocessor, text, frames):
+    """transformers' Qwen3VLProcessor on the prompt of a video item ({text, video: frames}, no more frames than the
+    spec keeps): <|video_pad|> where the Preprocessor puts the video, the frames already chosen (not sampled again),
+    frames 0..n-1 taken at the spec's video_fps."""
+    from transformers.video_utils import VideoMetadata
+    before, after = preprocessor.split_text(text, VIDEO_MARKER)
+    prompt = (f"<|im_start|>system\n{preprocessor.spec.system_prompt}<|im_end|>\n<|im_start|>user\n{before}"
+              f"<|video_pad|>{after}<|im_end|>\n<|im_start|>assistant\n<|endoftext|>")
+    metadata = VideoMetadata(total_num_frames=len(frames), fps=preprocessor.spec.video_fps,
+                             frames_indices=list(range(len(frames))))
+    return processor(text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
+                     return_tensors="pt")
+
+
+def test_transformers_video_processor_gives_the_preprocessors_video_inputs(exports, tmp_path):
+    """The ids, token types, grid and pixel values of a video item equal those of transformers' Qwen3VLProcessor with
+    its torchvision video processor: bit for bit for frames already at the size it resizes to; for frames it resizes,
+    the grid and ids equal and the pixels differ as PIL's resize and torchvision's do, by a little."""
+    import json
+    import shutil
+
+    from transformers import AutoProcessor
+
+    from tests.test_model import joining_space_and_bracket
+    paths, _ = exports
+    merging = joining_space_and_bracket(paths["dot"], str(tmp_path / "merging"))  # a tokenizer that joins " <"
+    embedder = Embedder.from_pretrained(paths["dot"])
+    with open(os.path.join(paths["dot"], "video_preprocessor_config.json")) as f:  # the export carries the budget
+        assert json.load(f)["size"] == {"shortest_edge": embedder.spec.video_min_pixels,
+                                        "longest_edge": embedder.spec.video_max_pixels}
+    def noise(count, size):
+        return [Image.effect_noise(size, 30 + 7 * k).convert("RGB") for k in range(count)]
+    texts = [f"{VIDEO_MARKER} What happens?", f"before {VIDEO_MARKER} after", f"Question:{VIDEO_MARKER}x", "a caption"]
+    differences = {}
+    for folder in (paths["dot"], merging):
+        preprocessor = embedder.preprocessor if folder == paths["dot"] else Embedder.from_pretrained(folder).preprocessor
+        processor = AutoProcessor.from_pretrained(folder, use_fast=False)
+        assert type(processor.video_processor).__name__ == "Qwen3VLVideoProcessor"  # the torchvision one
+        for frames in (noise(8, (64, 32)), noise(7, (64, 32)), noise(8, (300, 170)), noise(6, (33, 95))):
+            for text in texts:
+                ours = preprocessor.collate([preprocessor(text, video=frames)])
+                theirs = processor_video_inputs(processor, preprocessor, text, frames)
+                assert torch.equal(ours["input_ids"], theirs["input_ids"]), (folder, text, frames[0].size)
+                assert torch.equal(ours["mm_token_type_ids"], theirs["mm_token_type_ids"].int())
+                assert torch.equal(ours["video_grid_thw"], theirs["video_grid_thw"])
+            values = embedder.pixel_values(ours["pixel_values_videos"], video=True)
+            difference = (values - theirs["pixel_values_videos"]).abs()
+            if frames[0].size == (64, 32):  # already the size: no resize, the same floats
+                assert torch.equal(values, theirs["pixel_values_videos"])
+            differences[frames[0].size] = (difference.max().item(), difference.mean().item())
+    print(f"video pixels, PIL against torchvision resize (max, mean abs difference): {differences}")
+    (big_max, big_mean), (near_max, near_mean) = differences[(300, 170)], differences[(33, 95)]
+    assert big_max <= 1.01 / 127.5 and big_mean < 1e-4  # 300x170 to 64x32: at most one byte level
+    assert near_max < 0.2 and near_mean < 0.005  # 33x95 to 32x64, a scale near 1: a few pixels, a few levels
+    # and the vectors: encode() of a video item, and the model on the processor's inputs (its own positions)
+    frames, text = noise(7, (64, 32)), f"{VIDEO_MARKER} What happens?"
+    theirs = processor_video_inputs(AutoProcessor.from_pretrained(paths["dot"], use_fast=False), embedder.preprocessor,
+                                    text, frames)
+    with torch.no_grad():
+        got = embedder(theirs["input_ids"], theirs["attention_mask"], None, theirs["mm_token_type_ids"],
+                       pixel_values_videos=theirs["pixel_values_videos"], video_grid_thw=theirs["video_grid_thw"])
+    torch.testing.assert_close(got, embedder.encode([{"text": text, "video": frames}]), atol=1e-5, rtol=0)
+    shutil.rmtree(merging)

@@ -22,8 +22,8 @@ from runs.export import load_embedder, model_card
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a value other than the default for every field: a new field must be given one here, and so checked below
 CHANGED = {"system_prompt": "Represent this item for retrieval.", "pooling": "mean_for_this_test",
-           "similarity": "dot", "max_length": 300, "min_pixels": 2048, "max_pixels": 8192,
-           "backbone": "/models/another-release"}
+           "similarity": "dot", "max_length": 300, "min_pixels": 2048, "max_pixels": 8192, "video_frames": 6,
+           "video_min_pixels": 4096, "video_max_pixels": 32768, "video_fps": 1.0, "backbone": "/models/another-release"}
 
 
 @pytest.fixture
@@ -82,6 +82,7 @@ def test_every_loader_gives_the_spec_an_export_holds(tiny_checkpoint, tmp_path):
     prompt = loaded.preprocessor.tokenizer.decode(loaded.preprocessor("x")["input_ids"])
     assert spec.system_prompt in prompt  # the spec builds the prompt
     assert loaded.preprocessor.image_processor.size == {"shortest_edge": 2048, "longest_edge": 8192}
+    assert loaded.preprocessor.video_processor.size == {"shortest_edge": 4096, "longest_edge": 32768}
     assert loaded.preprocessor.max_length == 300
     again = load_embedder(export, max_pixels=4096, similarity="cos")[0].spec  # a caller's changes, field by field
     assert (again.max_pixels, again.similarity, again.system_prompt) == (4096, "cos", spec.system_prompt)
@@ -89,6 +90,8 @@ def test_every_loader_gives_the_spec_an_export_holds(tiny_checkpoint, tmp_path):
     release = Embedder.from_pretrained(tiny_checkpoint).spec  # a release: the defaults, itself the backbone
     assert release.backbone == tiny_checkpoint and release.similarity == "cos"
     assert release.max_pixels == 128 * 128  # its own image processor's budget, in numbers
+    assert (release.video_min_pixels, release.video_max_pixels) == (32 * 32, 128 * 128)  # and its video processor's
+    assert (release.video_frames, release.video_fps) == (8, 2.0)
     with pytest.raises(UserError, match=r"pooling.*'last_token'.*'mean'"):  # the choices and the value
         EmbeddingSpec(pooling="mean")
 
