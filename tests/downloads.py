@@ -10,7 +10,11 @@ marked so below, and the reader is tested on both answers where they differ (the
     root = mmeb_train(tmp_path)           # tmp/data/MMEB-train/<20 subsets>/{original,diverse_instruction,train}-...
     roots = mme5(tmp_path)                # tmp/data/mmE5/{mmE5-MMEB-hardneg,mmE5-synthetic}, tmp/data/mmE5/images/
     root = mmeb_v2(tmp_path)              # tmp/data/MMEB-V2/{annotations,image-tasks}
+    v2 = mmeb_v2_video(tmp_path)          # tmp/data/MMEB-V2/{annotations,video-tasks/frames}: a task per parser
+    v2 = mmeb_v2_visdoc(tmp_path)         # tmp/data/MMEB-V2/{annotations,visdoc-tasks}: ViDoRe v1, v2, VisRAG
 """
+import hashlib
+import io
 import json
 import os
 import zlib
@@ -291,3 +295,285 @@ def plain_rows(root, rows=260):
             f.write(json.dumps({"query": f"a question {i}", "query_image": "photos/0.jpg" if i % 2 else "",
                                 "positive": f"its answer {i}", "negatives": [f"another answer {i}"]}) + "\n")
     return path
+
+
+# -----------------------------------------------------------------------------
+# MMEB-V2 video and visdoc tasks (readers/mmeb_v2_data.py)
+#
+# annotations/<repo>/ is where this project asks a user to `huggingface-cli download --repo-type dataset
+# <owner>/<repo> --local-dir` each annotation set (ASSUMED: no download was possible here). The file layouts
+# below are CONFIRMED from the Hugging Face pages where the docstring says so (VLM2Vec/SmthSmthV2's
+# data/test.jsonl, VLM2Vec/MSVD's msvd_test.json, VLM2Vec/EgoSchema's Subset/test-00000-of-00001.parquet, MVBench's
+# json/<subset>.json with a config each, vidore's BEIR corpus/ qrels/ queries/ with README configs and their
+# dtypes, openbmb/VisRAG-Ret-Test-*'s corpus/ qrels/ queries/train-*.parquet and string corpus ids), else
+# UNCONFIRMED: data/<split>-00000-of-00001.parquet. The columns are those VLM2Vec-V2's parsers read (CONFIRMED);
+# their types where no card shows them are INFERRED. Frame folders hold frame_1.jpg, frame_2.jpg and
+# frame_10.jpg (file names UNCONFIRMED), which only a natural sort orders.
+
+STRING, STRINGS = pa.string(), pa.list_(pa.string())
+PAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # Hugging Face's Image feature in Parquet
+CLIPS = pa.list_(pa.struct([("output_path", pa.string())]))
+FRAMES = "video-tasks/frames"
+
+
+def jpeg_bytes(size=(8, 8), colour=(90, 120, 150), kind="JPEG"):
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, format=kind)
+    return out.getvalue()
+
+
+def frame_folder(folder, names=("frame_10.jpg", "frame_2.jpg", "frame_1.jpg")):
+    for name in names:
+        touch(os.path.join(folder, name), jpeg_bytes())
+
+
+def json_file(path, rows, lines=False):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in rows) if lines else json.dumps(rows))
+
+
+def readme(folder, configs):
+    """A dataset card whose YAML header lists configs: {config: {split: pattern}}."""
+    lines = ["---", "configs:"]
+    for config, splits in configs.items():
+        lines += [f"- config_name: {config}", "  data_files:"]
+        lines += [f"  - split: {split}\n    path: {pattern}" for split, pattern in splits.items()]
+    touch(os.path.join(folder, "README.md"), ("\n".join(lines + ["---", "# card"]) + "\n").encode())
+
+
+def v2_ssv2(root):
+    """VLM2Vec/SmthSmthV2: data/test.jsonl and data/train.jsonl (CONFIRMED), 1,002 test rows (VLM2Vec reads the first
+    1,000), video_id a number (INFERRED)."""
+    first = {"video_id": 74225, "pos_text": "Pushing something from left to right",
+             "neg_text": ["Pushing something from left to right", "Pulling something from right to left",
+                          "Closing something"]}
+    second = {"video_id": 1100, "pos_text": "Closing something",
+              "neg_text": ["Opening something", "Closing something", "Pulling something from right to left"]}
+    json_file(f"{root}/annotations/SmthSmthV2/data/test.jsonl", [first, second] + [first] * 1000, lines=True)
+    json_file(f"{root}/annotations/SmthSmthV2/data/train.jsonl", [dict(first, pos_text="TRAIN")], lines=True)
+    for video in (74225, 1100):
+        frame_folder(f"{root}/{FRAMES}/video_cls/SSv2/{video}")
+
+
+def v2_breakfast(root):
+    parquet(f"{root}/annotations/Breakfast/data/test-00000-of-00001.parquet",
+            [{"video_id": "P03_cam01_P03_coffee", "pos_text": "coffee"},
+             {"video_id": "P04_webcam02_P04_tea", "pos_text": "tea"}], [("video_id", STRING), ("pos_text", STRING)])
+    for video in ("P03_cam01_P03_coffee", "P04_webcam02_P04_tea"):
+        frame_folder(f"{root}/{FRAMES}/video_cls/Breakfast/{video}")
+
+
+def v2_msrvtt(root):
+    """README configs test_1k and train_9k over msrvtt_*.json (INFERRED from friedrichor/MSR-VTT, its likely
+    source); video7020 captioned twice; a macOS '._' companion and a text file beside its frames."""
+    folder = f"{root}/annotations/MSR-VTT"
+    readme(folder, {"test_1k": {"test": "msrvtt_test_1k.json"}, "train_9k": {"train": "msrvtt_train_9k.json"}})
+    json_file(f"{folder}/msrvtt_test_1k.json", [
+        {"video_id": "video7020", "video": "video7020.mp4", "caption": "a woman creating a fondant baby and flower"},
+        {"video_id": "video7021", "video": "video7021.mp4", "caption": "a boy plays grand theft auto 5"},
+        {"video_id": "video7020", "video": "video7020.mp4", "caption": "a woman is making a cake"}])
+    json_file(f"{folder}/msrvtt_train_9k.json", [{"video_id": "video0", "video": "video0.mp4", "caption": "TRAIN"}])
+    for video in ("video7020", "video7021"):
+        frame_folder(f"{root}/{FRAMES}/video_ret/MSR-VTT/{video}")
+    touch(f"{root}/{FRAMES}/video_ret/MSR-VTT/video7020/._frame_1.jpg", b"\x00\x05\x16\x07")
+    touch(f"{root}/{FRAMES}/video_ret/MSR-VTT/video7020/notes.txt", b"not a frame")
+
+
+def v2_msvd(root):
+    """msvd_test.json (CONFIRMED name), captions a list; frames in Qwen3-VL-Embedding's video_ret nesting."""
+    json_file(f"{root}/annotations/MSVD/msvd_test.json", [
+        {"video_id": "-4wsuPCjDBc_5_15", "video": "-4wsuPCjDBc_5_15.avi",
+         "caption": ["a squirrel is eating a peanut", "a chipmunk eats"]}])
+    frame_folder(f"{root}/{FRAMES}/video_ret/data/ziyan/video_retrieval/MSVD/frames/-4wsuPCjDBc_5_15")
+
+
+def v2_didemo(root):
+    parquet(f"{root}/annotations/DiDeMo/data/test-00000-of-00001.parquet",
+            [{"video": "10015567@N08_3655084291.mp4", "caption": "a girl in a pink shirt walks away"}],
+            [("video", STRING), ("caption", STRING)])
+    frame_folder(f"{root}/{FRAMES}/video_ret/DiDeMo/10015567@N08_3655084291")
+
+
+def v2_youcook2(root):
+    """lmms-lab/YouCook2, split val beside a test file."""
+    schema = [("id", STRING), ("video_path", STRING), ("sentence", STRING)]
+    parquet(f"{root}/annotations/YouCook2/data/val-00000-of-00001.parquet",
+            [{"id": "GLd3aX16zBg_0", "video_path": "validation/101/GLd3aX16zBg.mp4",
+              "sentence": "spread margarine on two slices of white bread"}], schema)
+    parquet(f"{root}/annotations/YouCook2/data/test-00000-of-00001.parquet",
+            [{"id": "TEST_0", "video_path": "test/TEST.mp4", "sentence": "TEST"}], schema)
+    frame_folder(f"{root}/{FRAMES}/video_ret/YouCook2/GLd3aX16zBg_0")
+
+
+def v2_vatex(root):
+    parquet(f"{root}/annotations/VATEX/data/test-00000-of-00001.parquet",
+            [{"videoID": "G9zN5TTuGO4_000179_000189", "enCap": ["a man is playing the drums", "drums are played"]}],
+            [("videoID", STRING), ("enCap", STRINGS)])
+    frame_folder(f"{root}/{FRAMES}/video_ret/VATEX/G9zN5TTuGO4_000179_000189")
+
+
+def v2_moments(root):
+    """QVHighlight (VLM2Vec's spelling) and Charades-STA (Qwen's Charades-STA, not Charades_STA): per video a
+    query/ folder and its clip folders, one positive*; a stray file beside them."""
+    schema = [("query", STRING), ("video_path", STRING)]
+    parquet(f"{root}/annotations/QVHighlight/data/test-00000-of-00001.parquet",
+            [{"query": "a man talks to the camera", "video_path": "videos/NUsG9BgSes0_210.0_360.0.mp4"}], schema)
+    parquet(f"{root}/annotations/Charades-STA/data/test-00000-of-00001.parquet",
+            [{"query": "person opens the door", "video_path": "3MSZA.mp4"}], schema)
+    for folder, clips in ((f"{FRAMES}/video_mret/QVHighlight/NUsG9BgSes0_210.0_360.0",
+                           ("query", "positive_0", "negative_10", "negative_2")),
+                          (f"{FRAMES}/video_mret/Charades-STA/3MSZA", ("query", "negative_0", "positive"))):
+        for clip in clips:
+            frame_folder(f"{root}/{folder}/{clip}")
+        touch(f"{root}/{folder}/meta.json", b"{}")
+
+
+def v2_momentseeker(root):
+    """MomentSeeker's three query kinds: text only (input_frames ''), text and an image (*.jpg, at
+    query_<name>), text and a video (*.mp4, its frames under video_frames/ with / as _)."""
+    def clips(*paths):
+        return [{"output_path": p} for p in paths]
+    parquet(f"{root}/annotations/MomentSeeker/data/test-00000-of-00001.parquet", [
+        {"query": "the dog jumps into the lake", "input_frames": "", "positive_frames": clips("clips/ego4d/a_pos.mp4"),
+         "negative_frames": clips("clips/ego4d/a_neg1.mp4", "clips/ego4d/a_neg2.mp4")},
+        {"query": "what happens next to this cup", "input_frames": "cup_17.jpg",
+         "positive_frames": clips("clips/movie/b_pos1.mp4", "clips/movie/b_pos2.mp4"),
+         "negative_frames": clips("clips/ego4d/a_neg1.mp4")},
+        {"query": "the same man later", "input_frames": "queries/movie101_77.mp4",
+         "positive_frames": clips("clips/movie/c_pos.mp4"), "negative_frames": clips("clips/movie/b_pos1.mp4")}],
+        [("query", STRING), ("input_frames", STRING), ("positive_frames", CLIPS), ("negative_frames", CLIPS)])
+    seeker = f"{root}/{FRAMES}/video_mret/MomentSeeker"
+    for clip in ("clips_ego4d_a_pos", "clips_ego4d_a_neg1", "clips_ego4d_a_neg2", "clips_movie_b_pos1",
+                 "clips_movie_b_pos2", "clips_movie_c_pos", "queries_movie101_77"):
+        frame_folder(f"{seeker}/video_frames/{clip}")
+    touch(f"{seeker}/query_cup_17.jpg", jpeg_bytes())
+
+
+def v2_videomme(root):
+    """Video-MME under README configs with its one config, videomme (INFERRED from lmms-lab/Video-MME)."""
+    folder = f"{root}/annotations/Video-MME"
+    readme(folder, {"videomme": {"test": "videomme/test-*"}})
+    parquet(f"{folder}/videomme/test-00000-of-00001.parquet", [
+        {"question_id": "001-1", "videoID": "fFjv93ACGo8", "domain": "Knowledge", "sub_category": "History",
+         "question": "Which decoration is most common?",
+         "options": ["A. Apples.", "B. Candles.", "C. Berries.", "D. The same number."], "answer": "C"}],
+        [("question_id", STRING), ("videoID", STRING), ("domain", STRING), ("sub_category", STRING),
+         ("question", STRING), ("options", STRINGS), ("answer", STRING)])
+    frame_folder(f"{root}/{FRAMES}/video_qa/Video-MME/fFjv93ACGo8")
+
+
+def v2_nextqa(root):
+    """NExTQA's MC/ beside OE/ (lmms-lab/NExTQA's layout), no README: the config is the folder; video, answer and
+    qid numbers (INFERRED)."""
+    row = {"video": 4010069381, "frame_count": 369, "width": 640, "height": 480,
+           "question": "how do the two man play the instrument", "answer": 1, "qid": 6, "type": "CH",
+           "a0": "roll the handle", "a1": "tap their feet", "a2": "strum the string", "a3": "hit with sticks",
+           "a4": "pat with hand"}
+    schema = [(k, pa.int64()) for k in ("video", "frame_count", "width", "height")] + \
+        [("question", STRING), ("answer", pa.int64()), ("qid", pa.int64()), ("type", STRING)] + \
+        [(f"a{k}", STRING) for k in range(5)]
+    parquet(f"{root}/annotations/NExTQA/MC/test-00000-of-00001.parquet", [row], schema)
+    parquet(f"{root}/annotations/NExTQA/OE/test-00000-of-00001.parquet", [{"video": 1, "question": "OE"}],
+            [("video", pa.int64()), ("question", STRING)])
+    frame_folder(f"{root}/{FRAMES}/video_qa/NExTQA/4010069381")
+
+
+def v2_egoschema(root):
+    """Subset/test-00000-of-00001.parquet (CONFIRMED) beside MC/; answer a string of digits (INFERRED)."""
+    schema = [("video_idx", STRING), ("question", STRING), ("answer", STRING), ("question_idx", STRING),
+              ("option", STRINGS)]
+    parquet(f"{root}/annotations/EgoSchema/Subset/test-00000-of-00001.parquet", [
+        {"video_idx": "001934bb-81bd", "question": "What is c doing?", "answer": "2", "question_idx": "0074f737",
+         "option": ["A. c is cooking", "B. c is reading", "C. c is cleaning the table", "D. c is writing",
+                    "E. c is painting"]}], schema)
+    parquet(f"{root}/annotations/EgoSchema/MC/test-00000-of-00001.parquet", [
+        {"video_idx": "MC", "question": "MC", "answer": "0", "question_idx": "MC", "option": ["A. MC"]}], schema)
+    frame_folder(f"{root}/{FRAMES}/video_qa/EgoSchema/001934bb-81bd")
+
+
+def v2_mvbench(root):
+    """json/<subset>.json for the 20 subsets, a README config each (CONFIRMED for OpenGVLab/MVBench, which
+    VLM2Vec/MVBench copies), one row each; action_antonym's answer is two of its candidates."""
+    from readers.mmeb_v2_data import MVBENCH_SUBSETS
+    folder = f"{root}/annotations/MVBench"
+    readme(folder, {subset: {"train": f"json/{subset}.json"} for subset in MVBENCH_SUBSETS})
+    for subset in MVBENCH_SUBSETS:
+        row = {"video": f"{subset}_1.mp4", "question": "What happened after the person took the food?",
+               "candidates": ["Ate the medicine.", "Tidied up the blanket.", "Put down the cup."],
+               "answer": "Tidied up the blanket."}
+        if subset == "action_antonym":
+            row.update(candidates=["not sure", "throwing", "throwing"], answer="throwing")
+        json_file(f"{folder}/json/{subset}.json", [row])
+        frame_folder(f"{root}/{FRAMES}/video_qa/MVBench/{subset}/{subset}_1.mp4")
+
+
+def v2_activitynetqa(root):
+    parquet(f"{root}/annotations/ActivityNetQA/data/test-00000-of-00001.parquet",
+            [{"video_name": "Rp8ZbRd4Hu8", "question": "is the person in the video outdoors", "answer": "yes",
+              "question_id": "v_Rp8ZbRd4Hu8_3", "type": 3}],
+            [("video_name", STRING), ("question", STRING), ("answer", STRING), ("question_id", STRING),
+             ("type", pa.int64())])
+    frame_folder(f"{root}/{FRAMES}/video_qa/ActivityNetQA/v_Rp8ZbRd4Hu8")
+
+
+V2_VIDEO = {"SmthSmthV2": v2_ssv2, "Breakfast": v2_breakfast, "MSR-VTT": v2_msrvtt, "MSVD": v2_msvd,
+            "DiDeMo": v2_didemo, "YouCook2": v2_youcook2, "VATEX": v2_vatex, "QVHighlight": v2_moments,
+            "MomentSeeker": v2_momentseeker, "Video-MME": v2_videomme, "NExTQA": v2_nextqa,
+            "EgoSchema": v2_egoschema, "MVBench": v2_mvbench, "ActivityNetQA": v2_activitynetqa}
+
+
+def beir(folder, split, corpus, qrels, queries, id_type, score_type, card=True, language=False):
+    """A BEIR-style visdoc set: corpus (corpus-id, image), qrels (query-id, corpus-id, score), queries
+    (query-id, query[, language]), each <config>/<split>-00000-of-00001.parquet, with README configs or not."""
+    if card:
+        readme(folder, {c: {split: f"{c}/{split}-*"} for c in ("corpus", "qrels", "queries")})
+    parquet(f"{folder}/corpus/{split}-00000-of-00001.parquet",
+            [{"corpus-id": i, "image": {"bytes": b, "path": None}} for i, b in corpus],
+            [("corpus-id", id_type), ("image", PAGE)])
+    parquet(f"{folder}/qrels/{split}-00000-of-00001.parquet",
+            [{"query-id": q, "corpus-id": c, "score": s} for q, c, s in qrels],
+            [("query-id", id_type), ("corpus-id", id_type), ("score", score_type)])
+    parquet(f"{folder}/queries/{split}-00000-of-00001.parquet",
+            [dict(zip(("query-id", "query", "language"), q)) for q in queries],
+            [("query-id", id_type), ("query", STRING)] + ([("language", STRING)] if language else []))
+
+
+def mmeb_v2_visdoc(base):
+    """base/data/MMEB-V2 with three visdoc sets: vidore/arxivqa_test_subsampled_beir (int ids, float graded
+    qrels with a score-0 pair and a repeated pair, pages only in the corpus's bytes, README configs: CONFIRMED
+    layout and dtypes), vidore/esg_reports_v2 (queries in two languages, no README; the multilingual task's pages
+    also under visdoc-tasks/esg_reports_v2_multilingual/<id>.png, VLM2Vec's image_root), and
+    openbmb/VisRAG-Ret-Test-ArxivQA (split train, string ids, one page as a file under Qwen's
+    visdoc-tasks/images/VisRAG_ArxivQA/ named by VisRAG's md5 rule). -> v2_dir"""
+    root = os.path.join(base, "data", "MMEB-V2")
+    sizes = {10: (30, 40), 11: (31, 41), 12: (32, 42), 13: (33, 43)}
+    beir(f"{root}/annotations/arxivqa_test_subsampled_beir", "test",
+         [(i, jpeg_bytes(size, kind="PNG")) for i, size in sizes.items()],
+         [(0, 11, 1.0), (0, 10, 2.0), (0, 12, 0.0), (0, 11, 0.5), (1, 12, 1.0), (1, 10, 1.0)],
+         [(0, "Which figure shows the loss curve?"), (1, "What is the accuracy in Table 2?")],
+         pa.int64(), pa.float64())
+    beir(f"{root}/annotations/esg_reports_v2", "test", [(5, jpeg_bytes()), (6, jpeg_bytes())],
+         [(0, 5, 1), (1, 5, 2), (1, 6, 1)],
+         [(0, "What is the CO2 target?", "english"), (1, "Quel est l'objectif CO2 ?", "french")],
+         pa.int64(), pa.int64(), card=False, language=True)
+    for page in (5, 6):
+        touch(f"{root}/visdoc-tasks/esg_reports_v2_multilingual/{page}.png", jpeg_bytes(kind="PNG"))
+    long_id = "1709.01234_figure_2_a_rather_long_file_name_that_goes_well_past_fifty_characters.png"
+    beir(f"{root}/annotations/VisRAG-Ret-Test-ArxivQA", "train",
+         [(long_id, jpeg_bytes()), ("short.jpeg", jpeg_bytes((12, 9)))],
+         [("q-1", long_id, 1), ("q-2", "short.jpeg", 1)],
+         [("q-1", "What does the figure plot?"), ("q-2", "How many bars?")], STRING, pa.int64(), card=False)
+    base_name, ext = os.path.splitext(long_id)
+    touch(f"{root}/visdoc-tasks/images/VisRAG_ArxivQA/"
+          f"{base_name[:50]}_{hashlib.md5(long_id.encode()).hexdigest()[:8]}{ext}", jpeg_bytes())
+    return root
+
+
+def mmeb_v2_video(base, names=tuple(V2_VIDEO)):
+    """base/data/MMEB-V2 with one video task of each parser (and both spellings where the yamls differ): their
+    annotations under annotations/<repo>/ and frames under video-tasks/frames/ as the archives unpack. -> v2_dir"""
+    root = os.path.join(base, "data", "MMEB-V2")
+    for name in names:
+        V2_VIDEO[name](root)
+    return root

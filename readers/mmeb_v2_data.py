@@ -1,0 +1,671 @@
+"""
+readers/mmeb_v2_data.py: MMEB-V2's video and visual-document tasks read from a local copy, each built as
+VLM2Vec-V2's parser builds it: the query texts and videos, the de-duplicated candidate pool, the gold names,
+graded relevances (visdoc) and, for eval_type local, each row's own candidates.
+
+    present, partial = find_v2_tasks("data/MMEB-V2")   # tasks readable here; {name: what is missing} for others
+    task = read_v2_task("data/MMEB-V2", "MSR-VTT")     # the dict below; skip_bad_rows=True counts bad rows instead
+    task["queries"][0]     # {"text": "Find a video that contains the following visual content: a cat", ...}
+    task["candidates"][0]  # {"text": "<|video_1|> Understand the content of the provided video.", "image": None,
+                           #  "video": [".../video7020/frame_0001.jpg", ...]}: every frame of the folder, sorted
+
+The task dict: name, queries and query_ids (the row's number in the annotations; visdoc: the query-id), candidates and candidate_names
+(the pool: every row's candidates and then the corpus, the first of each name kept, in that order), labels (gold
+names per query), rel_scores (visdoc: the qrels' graded scores, aligned with labels; else None), local (eval_type
+local: each row's candidate names as it lists them; else None) and report (files, rows, skips, frames, pages).
+An item is {"text", "image", "video"}: the text holds common.VIDEO_MARKER or IMAGE_MARKER where VLM2Vec-V2 puts
+<|video_pad|> or <|image_pad|>, the same text after it; "video" is the full frame list (the Preprocessor picks
+frames: VLM2Vec-V2 keeps 8 evenly spaced, report["frame_budget"]). A visdoc pool is a read-only sequence whose
+item i is built when asked for: a page is kept as its path or its compressed bytes, and each access opens a fresh
+(lazily decoded) PIL image, so the pool's pixels never all sit in memory at once.
+
+What is read under v2_dir (the tree of TIGER-Lab/MMEB-V2 after its download script, plus annotations/; which
+files of a download hold a config and split: readers/hf_files.py):
+
+    annotations/<repo>/            huggingface-cli download --repo-type dataset <owner>/<repo> --local-dir
+                                   v2_dir/annotations/<repo> (owner VLM2Vec, vidore, openbmb or lmms-lab)
+      README.md                    its YAML `configs:` (data_files per config and split), when it has them
+      **/*.parquet, *.json, *.jsonl  the rows; without README configs the config is a folder (EgoSchema
+                                   Subset/, NExTQA MC/, BEIR's queries/ qrels/ corpus/) or a file stem (MVBench
+                                   json/<subset>.json) and the split a word of the file name or a folder
+                                   (test-00000-of-00001.parquet, msvd_test.json, data/test.jsonl)
+    video-tasks/frames/
+      video_cls/{SSv2,HMDB51,UCF101,K700,Breakfast}/<video_id>/*.jpg
+      video_ret/{MSR-VTT,MSVD,DiDeMo,YouCook2,VATEX}/<video>/                                  (VLM2Vec's yaml)
+        or video_ret/data/ziyan/video_retrieval/<dataset>/frames/<video>/                      (Qwen3-VL-Embedding's)
+      video_mret/{QVHighlight, Charades_STA (VLM2Vec) or Charades-STA (Qwen)}/<video>/{query,positive*,...}/
+      video_mret/MomentSeeker/{video_frames/<clip path, / as _, no .mp4>/, query_<image>.jpg}
+      video_qa/{Video-MME,NExTQA,EgoSchema (VLM2Vec) or egoschema (Qwen),ActivityNetQA/v_<name>}/<video>/,
+        video_qa/MVBench/<subset>/<video>/
+    visdoc-tasks/<image dir>/<page>  or  visdoc-tasks/images/<image dir>/<page>   (optional, either)
+
+CONFIRMED from the official code (VLM2Vec @6e1e1d4, src/data/eval_dataset/*.py, src/utils/dataset_utils.py,
+vision_utils.py, processor.py, experiments/public/eval/{video,visdoc}.yaml, src/constant/dataset_hf_path.py):
+the HF repos, configs and splits; every text, instruction and option format; candidate names, labels, the pool's
+order and de-duplication (base_eval_dataset.generate_cand_dataset); qrels kept when score > 0, the larger score of
+a repeated pair; the frame folders and the natural sort of .jpg/.jpeg/.png; SmthSmthV2's first 1000 rows; the
+classes of the global classification tasks (LABELS: video_classification_utils.py's lists, copied as data); the
+ViDoRe page file <corpus-id>.png and VisRAG's <base[:50]>_<md5[:8]><ext>; Qwen3-VL-Embedding's spellings of
+three frame folders and its visdoc-tasks/images/ (its download_data.sh and yaml files). From the Hugging Face
+pages: some VLM2Vec/* repos hold JSON, not Parquet (SmthSmthV2 data/test.jsonl, MSVD msvd_test.json, MVBench
+json/<subset>.json), EgoSchema's Subset/test-00000-of-00001.parquet, vidore's and VisRAG's BEIR folders.
+ASSUMED by this project (no download was possible here; check against yours): annotations/<repo>/ as the place
+of the annotation downloads; the config and split of a repo without README configs read from its folders and
+file names as above; the archives' inner folder names (the yamls disagree; both are accepted); page bytes in the
+corpus's `image` column (Hugging Face's Image feature: {"bytes", "path"}); SmthSmthV2's neg_text holding the
+positive (INFERRED: it is scored locally on those choices).
+Where this reader differs from VLM2Vec on purpose: it never extracts frames or writes pages (a missing frame
+folder is an error naming it, or a counted skip); moment-retrieval clip folders are taken in natural order, not
+os.listdir's (which only breaks ties differently); a row VLM2Vec would crash on or could never score (an answer
+not among the options, no or two positive clips, a query without a qrel above 0) is a bad row; hidden files
+(macOS '._' companions) are never frames; ids are read as text (ViDoRe's int corpus-id 5 is named "5").
+"""
+import collections
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Sequence
+
+from PIL import Image
+
+from common import IMAGE_MARKER, VIDEO_MARKER, UserError
+from readers.hf_files import annotation_files, data_files, rows
+from readers.records import BadRow, is_junk
+
+# -----------------------------------------------------------------------------
+# the tasks: VLM2Vec-V2's video.yaml and visdoc.yaml, with the HF repos their parsers load
+
+Task = collections.namedtuple("Task", "family parser repo config split roots eval_type extra")
+# repo: "owner/name" (annotations/<name>/); config: a config name, a tuple of them (concatenated), or None;
+# roots: the frame or page folders under v2_dir, the first that exists used; extra: parser settings
+
+
+def frames_at(*relative):
+    return tuple(f"video-tasks/frames/{path}" for path in relative)
+
+
+def retrieval(dataset, repo=None, split="test", config=None):
+    roots = frames_at(f"video_ret/{dataset}", f"video_ret/data/ziyan/video_retrieval/{dataset}/frames")
+    return Task("VID_RET", dataset.lower().replace("-", ""), repo or f"VLM2Vec/{dataset}", config, split, roots,
+                "global", {"budget": (None, 8)})
+
+
+def classification(dataset, folder, parser="video_classification"):
+    return Task("VID_CLS", parser, f"VLM2Vec/{dataset}", None, "test", frames_at(f"video_cls/{folder}"),
+                "local" if parser == "ssv2" else "global",
+                {"dataset": dataset, "budget": (8, None), "num_sample": 1000 if parser == "ssv2" else None})
+
+
+def qa(parser, dataset, config=None, split="test", spellings=None):
+    roots = frames_at(*(f"video_qa/{folder}" for folder in (spellings or (dataset,))))
+    return Task("VID_QA", parser, f"VLM2Vec/{dataset}", config, split, roots, "local", {"budget": (8, None)})
+
+
+MVBENCH_SUBSETS = ("episodic_reasoning", "action_sequence", "action_prediction", "action_antonym",
+                   "fine_grained_action", "unexpected_action", "object_existence", "object_interaction",
+                   "object_shuffle", "moving_direction", "action_localization", "scene_transition", "action_count",
+                   "moving_count", "moving_attribute", "state_change", "fine_grained_pose", "character_order",
+                   "egocentric_navigation", "counterfactual_inference")  # VLM2Vec's order of concatenation
+
+VIDEO_TASKS = {
+    "SmthSmthV2": classification("SmthSmthV2", "SSv2", parser="ssv2"),
+    "HMDB51": classification("HMDB51", "HMDB51"),
+    "UCF101": classification("UCF101", "UCF101"),
+    "K700": classification("Kinetics-700", "K700"),
+    "Breakfast": classification("Breakfast", "Breakfast"),
+    "MSR-VTT": retrieval("MSR-VTT", config="test_1k"),
+    "MSVD": retrieval("MSVD"),
+    "DiDeMo": retrieval("DiDeMo"),
+    "YouCook2": retrieval("YouCook2", repo="lmms-lab/YouCook2", split="val"),
+    "VATEX": retrieval("VATEX"),
+    "QVHighlight": Task("VID_MRET", "moment_retrieval", "VLM2Vec/QVHighlight", None, "test",
+                        frames_at("video_mret/QVHighlight"), "local", {"budget": (8, 8)}),
+    "Charades-STA": Task("VID_MRET", "moment_retrieval", "VLM2Vec/Charades-STA", None, "test",
+                         frames_at("video_mret/Charades_STA", "video_mret/Charades-STA"), "local", {"budget": (8, 8)}),
+    "MomentSeeker": Task("VID_MRET", "momentseeker", "VLM2Vec/MomentSeeker", None, "test",
+                         frames_at("video_mret/MomentSeeker"), "local", {"budget": ("all", "all")}),
+    "Video-MME": qa("videomme", "Video-MME"),
+    "NExTQA": qa("nextqa", "NExTQA", config="MC"),
+    "EgoSchema": qa("egoschema", "EgoSchema", config="Subset", spellings=("EgoSchema", "egoschema")),
+    "MVBench": qa("mvbench", "MVBench", config=MVBENCH_SUBSETS, split="train"),
+    "ActivityNetQA": qa("activitynetqa", "ActivityNetQA"),
+}
+
+
+def visdoc(family, parser, repo, image_dir, split="test", language=None, scored=True):
+    roots = (f"visdoc-tasks/{image_dir}", f"visdoc-tasks/images/{image_dir}")  # VLM2Vec's, Qwen3-VL-Embedding's
+    return Task(family, parser, repo, None, split, roots, "global", {"language": language, "scored": scored})
+
+
+VISDOC_TASKS = {f"ViDoRe_{name}": visdoc("ViDoRe_v1", "vidore", f"vidore/{repo}", f"ViDoRe_{name}") for name, repo in (
+    ("arxivqa", "arxivqa_test_subsampled_beir"), ("docvqa", "docvqa_test_subsampled_beir"),
+    ("infovqa", "infovqa_test_subsampled_beir"), ("tabfquad", "tabfquad_test_subsampled_beir"),
+    ("tatdqa", "tatdqa_test_beir"), ("shiftproject", "shiftproject_test_beir"),
+    *((f"syntheticDocQA_{topic}", f"syntheticDocQA_{topic}_test_beir") for topic in (
+        "artificial_intelligence", "energy", "government_reports", "healthcare_industry")))}
+VISDOC_TASKS["ViDoRe_esg_reports_human_labeled_v2"] = visdoc(
+    "ViDoRe_v2", "vidore", "vidore/esg_reports_human_labeled_v2", "esg_reports_human_labeled_v2")
+for _topic in ("biomedical_lectures", "economics_reports", "esg_reports"):  # the English-only runs are not scored
+    VISDOC_TASKS[f"ViDoRe_{_topic}_v2"] = visdoc("ViDoRe_v2", "vidore", f"vidore/{_topic}_v2", f"{_topic}_v2",
+                                                 language="english", scored=False)
+    VISDOC_TASKS[f"ViDoRe_{_topic}_v2_multilingual"] = visdoc("ViDoRe_v2", "vidore", f"vidore/{_topic}_v2",
+                                                              f"{_topic}_v2_multilingual")
+for _name in ("ArxivQA", "ChartQA", "MP-DocVQA", "SlideVQA", "InfoVQA", "PlotQA"):
+    VISDOC_TASKS[f"VisRAG_{_name}"] = visdoc("VisRAG", "visrag", f"openbmb/VisRAG-Ret-Test-{_name}", f"VisRAG_{_name}",
+                                             split="train")
+for _name, _repo in (("ViDoSeek-page", "ViDoSeek-page-fixed"), ("ViDoSeek-doc", "ViDoSeek"),
+                     ("MMLongBench-doc", "MMLongBench-doc"), ("MMLongBench-page", "MMLongBench-page-fixed")):
+    VISDOC_TASKS[_name] = visdoc("OOD", "vidore", f"VLM2Vec/{_repo}", _name)
+
+V2_TASKS = {**VIDEO_TASKS, **VISDOC_TASKS}  # 18 video + 27 visdoc (24 scored: extra["scored"])
+
+# -----------------------------------------------------------------------------
+# the texts, as VLM2Vec-V2's parsers write them (src/data/eval_dataset/*.py, processor.process_input_text)
+
+CLS_INSTRUCTIONS = {
+    "Kinetics-700": "Recognize the category of the video content.",
+    "SmthSmthV2": "What actions or object interactions are being performed by the person in the video?",
+    "UCF101": "What activities or sports are being performed by the person in the video?",
+    "HMDB51": "What actions or objects interactions are the person in the video doing?",
+    "Breakfast": "Recognize the breakfast type that the person is cooking in the video. ",  # its trailing space
+}
+RETRIEVAL = {  # parser -> (query instruction, the candidate's name column, the caption column, captions a list)
+    "msrvtt": ("Find a video that contains the following visual content:", "video_id", "caption", False),
+    "msvd": ("Find the video snippet that corresponds to the given summary:", "video_id", "caption", True),
+    "didemo": ("Find a video that includes the following described scenes:", "video", "caption", False),
+    "youcook2": ("Find a video that demonstrates the following action while making a recipe:", "id", "sentence",
+                 False),
+    "vatex": ("Select a video that fits the description provided:", "videoID", "enCap", True),
+}
+VIDEO_TARGET = "Understand the content of the provided video."
+MRET_QUERY = "Find the clip that corresponds to the described scene in the given video:"
+SEEKER_QUERY = {"text": "Find the clip that corresponds to the given text:",
+                "image": "Select the video clip that aligns with the given text and image:",
+                "video": "Find the clip that corresponds to the given sentence and video segment:"}
+SEEKER_TARGET = "Understand the content of the provided video clip."
+QA_PROMPT = ("Given a video and a question, select the most accurate answer from the provided candidates. "
+             "Return only the exact text of your chosen answer. Question: ")
+PAGE_QUERY = "Find a document image that matches the given query:"
+PAGE_TARGET = "Understand the content of the provided document image."
+
+
+def prompt(instruction, text="", video=False, image=False):
+    """process_input_text for Qwen2-VL: the instruction, a space and the text (when there is one), behind the
+    video's or image's marker and a space."""
+    out = instruction + (" " + text if text else "")
+    if video:
+        out = VIDEO_MARKER + " " + out
+    if image:
+        out = IMAGE_MARKER + " " + out
+    return out
+
+
+def qa_prompt(question):
+    """The QA parsers' process_query: marker, space, QA_PROMPT (its own trailing space), space, question."""
+    return f"{VIDEO_MARKER} {QA_PROMPT} {question}"
+
+
+def with_options(question, options):
+    """vision_utils.qa_template's text: the question, 'Options:' and an '(A) option' line each, trailing
+    whitespace cut. -> (the text, the lettered options)"""
+    lettered = [f"({chr(ord('A') + k)}) {option}" for k, option in enumerate(options)]
+    return (f"{question}\nOptions:\n" + "".join(line + "\n" for line in lettered)).rstrip(), lettered
+
+
+def unlettered(option):
+    """'A. a dog' -> 'a dog', as Video-MME's and EgoSchema's parsers cut the letter off (from the first '. ')."""
+    return option[option.find(". "):].strip(". ")
+
+
+def item(text, image=None, video=None):
+    return {"text": text, "image": image, "video": video}
+
+# -----------------------------------------------------------------------------
+# fields and frames
+
+
+def value(record, field):
+    if field not in record:
+        raise BadRow(field, "missing column", "missing column")
+    return record[field]
+
+
+def string(record, field):
+    """A text column, or an id (a number is read as its digits)."""
+    found = value(record, field)
+    if isinstance(found, bool) or not isinstance(found, (str, int)):
+        raise BadRow(field, f"expected a string, got {str(found)[:80]!r}", "not a string")
+    return str(found)
+
+
+def strings(record, field):
+    found = value(record, field)
+    if not isinstance(found, (list, tuple)) or not all(isinstance(v, str) for v in found):
+        raise BadRow(field, f"expected a list of strings, got {str(found)[:80]!r}", "not a list of strings")
+    return list(found)
+
+
+def index(record, field, count):
+    """An answer given as a number (or its digits) in 0..count-1."""
+    found = value(record, field)
+    if isinstance(found, str) and found.strip().isdigit():
+        found = int(found)
+    if isinstance(found, bool) or not isinstance(found, int) or not 0 <= found < count:
+        raise BadRow(field, f"expected an option number 0..{count - 1}, got {found!r}", "answer not an option")
+    return found
+
+
+def natural_key(name):
+    """vision_utils.load_frames' order: digit runs compared as numbers, the rest case-blind."""
+    return [int(part) if k % 2 else part.lower() for k, part in enumerate(re.split(r"(\d+)", name))]
+
+
+def frame_paths(folder):
+    """The .jpg/.jpeg/.png files of folder in natural order (None: no such folder)."""
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    names = [n for n in names if n.lower().endswith((".jpg", ".jpeg", ".png")) and not is_junk(n)]
+    return [os.path.join(folder, n) for n in sorted(names, key=natural_key)]
+
+
+def video_frames(folder, field):
+    frames = frame_paths(folder)
+    if frames is None:
+        raise BadRow(field, f"no frame folder {folder}", "missing frame folder")
+    if not frames:
+        raise BadRow(field, f"no .jpg/.jpeg/.png frames in {folder}", "empty frame folder")
+    return frames
+
+# -----------------------------------------------------------------------------
+# one row -> (query item, [(candidate name, candidate item), ...] as the row lists them, gold names)
+
+
+def video_classification(record, root, task):
+    video_id, label = string(record, "video_id"), string(record, "pos_text")
+    frames = video_frames(os.path.join(root, video_id), "video_id")
+    query = item(prompt(CLS_INSTRUCTIONS[task.extra["dataset"]], video=True), video=frames)
+    names = [label]
+    if task.parser == "ssv2":  # the row's own choices (neg_text holds the positive too), scored locally
+        names = strings(record, "neg_text")
+        if label not in names:
+            raise BadRow("neg_text", f"the label {label!r} is not among the row's choices", "label not a choice")
+    return query, [(name, item(name)) for name in names], [label]
+
+
+def video_retrieval(record, root, task):
+    instruction, name_column, caption_column, listed = RETRIEVAL[task.parser]
+    name = string(record, name_column)
+    if task.parser == "didemo":  # its `video` is a file name: the frame folder is its stem
+        name = os.path.splitext(os.path.basename(name))[0]
+    caption = strings(record, caption_column) if listed else string(record, caption_column)
+    if listed and not caption:
+        raise BadRow(caption_column, "no caption", "no caption")
+    frames = video_frames(os.path.join(root, name), name_column)
+    query = item(prompt(instruction, caption[0] if listed else caption))
+    return query, [(name, item(prompt(VIDEO_TARGET, video=True), video=frames))], [name]
+
+
+def moment_retrieval(record, root, task):
+    """The query video is <video>/query/; every other folder beside it is a candidate clip, named by its path
+    (root joined, as VLM2Vec names it), the one named positive* the gold one."""
+    text = string(record, "query")
+    folder = os.path.join(root, os.path.splitext(os.path.basename(string(record, "video_path")))[0])
+    query = item(prompt(MRET_QUERY, text, video=True), video=video_frames(os.path.join(folder, "query"), "video_path"))
+    clips = sorted((n for n in os.listdir(folder) if n != "query" and not is_junk(n)
+                    and os.path.isdir(os.path.join(folder, n))), key=natural_key)
+    positives = [os.path.join(folder, n) for n in clips if n.startswith("positive")]
+    if len(positives) != 1:
+        raise BadRow("video_path", f"{len(positives)} positive* clip folders in {folder}, one needed",
+                     "not one positive clip")
+    candidates = [(os.path.join(folder, n), item(prompt(VIDEO_TARGET, video=True),
+                                                 video=video_frames(os.path.join(folder, n), "video_path")))
+                  for n in clips]
+    return query, candidates, positives
+
+
+def clip_folder(root, path):
+    """A MomentSeeker clip (a video path) -> its frame folder, which is also its name."""
+    return os.path.join(root, "video_frames", path.replace("/", "_").split(".mp4")[0])
+
+
+def momentseeker(record, root, task):
+    """The query is text, text and an image (input_frames *.jpg), or text and a video (*.mp4); the candidates
+    are the positive clips then the negative ones, each with all its frames."""
+    text, given = string(record, "query"), record.get("input_frames") or ""
+    if not isinstance(given, str):
+        raise BadRow("input_frames", f"expected a path, got {given!r}", "not a string")
+    if given.endswith(".mp4"):
+        folder = os.path.join(root, "video_frames", given.split(".mp4")[0].replace("/", "_"))
+        query = item(prompt(SEEKER_QUERY["video"], text, video=True), video=video_frames(folder, "input_frames"))
+    elif given.endswith(".jpg"):
+        image = os.path.join(root, f"query_{given}")
+        if not os.path.isfile(image):
+            raise BadRow("input_frames", f"no query image {image}", "missing query image")
+        query = item(prompt(SEEKER_QUERY["image"], text, image=True), image=image)
+    else:
+        query = item(prompt(SEEKER_QUERY["text"], text))
+    names = {}
+    for field in ("positive_frames", "negative_frames"):
+        clips = value(record, field)
+        if not isinstance(clips, list) or not all(isinstance(c, dict) and isinstance(c.get("output_path"), str)
+                                                  for c in clips):
+            raise BadRow(field, f"expected a list of {{'output_path': ...}}, got {str(clips)[:80]!r}", "not clips")
+        names[field] = [clip_folder(root, c["output_path"]) for c in clips]
+    if not names["positive_frames"]:
+        raise BadRow("positive_frames", "no positive clip", "no positive clip")
+    candidates = [(name, item(prompt(SEEKER_TARGET, video=True), video=video_frames(name, field)))
+                  for field in names for name in names[field]]
+    return query, candidates, names["positive_frames"]
+
+
+def videomme(record, root, task):
+    options, answer = strings(record, "options"), string(record, "answer")
+    if answer not in ("A", "B", "C", "D") or "ABCD".index(answer) >= len(options):
+        raise BadRow("answer", f"{answer!r} names none of the {len(options)} options", "answer not an option")
+    frames = video_frames(os.path.join(root, string(record, "videoID")), "videoID")
+    query = item(qa_prompt(string(record, "question") + "\n" + "\n".join(options)), video=frames)
+    return query, [(o, item(unlettered(o))) for o in options], [options["ABCD".index(answer)]]
+
+
+def nextqa(record, root, task):
+    options = [string(record, f"a{k}") for k in range(5)]
+    answer = index(record, "answer", len(options))
+    frames = video_frames(os.path.join(root, string(record, "video")), "video")
+    text, _ = with_options(qa_prompt(string(record, "question")), options)
+    return item(text, video=frames), [(o, item(o)) for o in options], [options[answer]]
+
+
+def egoschema(record, root, task):
+    options = strings(record, "option")
+    answer = index(record, "answer", len(options))
+    frames = video_frames(os.path.join(root, string(record, "video_idx")), "video_idx")
+    query = item(qa_prompt(string(record, "question") + " ".join(options)), video=frames)  # no space between: V's
+    return query, [(o, item(unlettered(o))) for o in options], [options[answer]]
+
+
+def mvbench(record, root, task):
+    options, answer = strings(record, "candidates"), string(record, "answer")
+    if answer not in options:
+        raise BadRow("answer", f"{answer!r} is none of the candidates", "answer not an option")
+    frames = video_frames(os.path.join(root, record["subset"], string(record, "video")), "video")
+    text, lettered = with_options(qa_prompt(string(record, "question")), options)
+    gold = len(options) - 1 - options[::-1].index(answer)  # qa_template keeps the last equal candidate
+    return item(text, video=frames), [(o, item(o)) for o in lettered], [lettered[gold]]
+
+
+def activitynetqa(record, root, task):
+    answer = string(record, "answer")
+    if answer not in ("yes", "no"):
+        raise BadRow("answer", f"expected 'yes' or 'no', got {answer!r}", "answer not an option")
+    frames = video_frames(os.path.join(root, "v_" + string(record, "video_name")), "video_name")
+    query = item(qa_prompt(string(record, "question") + "? (A) yes; (B) no."), video=frames)
+    return query, [(o, item(o)) for o in ("yes", "no")], [answer]
+
+
+ROW_PARSERS = {"video_classification": video_classification, "ssv2": video_classification,
+               "moment_retrieval": moment_retrieval, "momentseeker": momentseeker, "videomme": videomme,
+               "nextqa": nextqa, "egoschema": egoschema, "mvbench": mvbench, "activitynetqa": activitynetqa,
+               **dict.fromkeys(RETRIEVAL, video_retrieval)}
+ROW_COLUMNS = ("video_id", "pos_text", "neg_text", "video", "caption", "id", "video_path", "sentence", "videoID",
+               "enCap", "query", "input_frames", "positive_frames", "negative_frames", "question", "options",
+               "answer", "question_id", "a0", "a1", "a2", "a3", "a4", "qid", "video_idx", "option", "candidates",
+               "video_name")  # what the parsers read, of every layout (a file has one parser's)
+
+# -----------------------------------------------------------------------------
+# reading a task
+
+
+class Pool:
+    """The candidate pool: names in the order first seen, the first item of each name kept."""
+
+    def __init__(self):
+        self.names, self.items, self.seen = [], [], set()
+
+    def add(self, name, candidate):
+        if name not in self.seen:
+            self.seen.add(name)
+            self.names.append(name)
+            self.items.append(candidate)
+
+
+class Pages(Sequence):
+    """A visdoc pool: item i is {"text": PAGE_TARGET behind the image marker, "image": ...} built on each access,
+    its image the page's file path or a PIL image freshly opened on its bytes (decoded when first used), so an
+    eval that drops its items drops their pixels too."""
+
+    def __init__(self, sources):
+        self.sources = sources  # per page: a path (str) or the image file's bytes
+
+    def __len__(self):
+        return len(self.sources)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        source = self.sources[k]
+        image = source if isinstance(source, str) else Image.open(io.BytesIO(source))
+        return item(prompt(PAGE_TARGET, image=True), image=image)
+
+
+def new_report(name, task, folder):
+    return {"task": name, "family": task.family, "parser": task.parser, "eval_type": task.eval_type,
+            "annotations": folder, "chosen_by": "", "files": {}, "root": None, "rows": 0, "queries": 0,
+            "candidates": 0, "skipped": {}, "examples": {}}
+
+
+def bad_row(report, name, path, location, error, skip_bad_rows):
+    """Raise a row's problem naming the task, file and row, or count it (skip_bad_rows)."""
+    if not skip_bad_rows:
+        raise UserError(f"{name}: {path} {location} {error}") from None
+    report["skipped"][error.reason] = report["skipped"].get(error.reason, 0) + 1
+    report["examples"].setdefault(error.reason, f"{path} {location} {error}")
+
+
+def first_root(v2_dir, task):
+    return next((os.path.join(v2_dir, r) for r in task.roots if os.path.isdir(os.path.join(v2_dir, r))), None)
+
+
+def annotation_folder(v2_dir, name, task):
+    folder = os.path.join(v2_dir, "annotations", task.repo.split("/")[1])
+    if not os.path.isdir(folder):
+        raise UserError(f"{name}: no annotations at {folder}: download them with `huggingface-cli download "
+                        f"--repo-type dataset {task.repo} --local-dir {folder}`")
+    return folder
+
+
+def read_video_task(v2_dir, name, task, skip_bad_rows):
+    folder = annotation_folder(v2_dir, name, task)
+    root = first_root(v2_dir, task)
+    if root is None:
+        tried = " or ".join(os.path.join(v2_dir, r) for r in task.roots)
+        raise UserError(f"{name}: no frames at {tried}: unpack MMEB-V2's video-tasks/frames archives there")
+    report = new_report(name, task, folder)
+    report.update(root=root, frame_budget=dict(zip(("query", "candidates"), task.extra["budget"])))
+    groups = []  # (files, subset): MVBench concatenates its 20 subsets, each marked with its name
+    for config in task.config if isinstance(task.config, tuple) else (task.config,):
+        files, report["chosen_by"] = annotation_files(folder, config, task.split)
+        groups.append((files, config))
+    queries, query_ids, labels, local, pool = [], [], [], [], Pool()
+    limit, count = task.extra.get("num_sample"), 0
+    for files, subset in groups:
+        for path, location, record in rows(files, ROW_COLUMNS, None if limit is None else limit - count):
+            report["files"][path] = report["files"].get(path, 0) + 1
+            count += 1
+            try:
+                if isinstance(record, BadRow):
+                    raise record
+                if task.parser == "mvbench":
+                    record = dict(record, subset=subset)
+                query, candidates, gold = ROW_PARSERS[task.parser](record, root, task)
+            except BadRow as error:
+                bad_row(report, name, path, location, error, skip_bad_rows)
+                continue
+            queries.append(query)
+            query_ids.append(str(count - 1))
+            labels.append(gold)
+            local.append([n for n, _ in candidates])
+            for candidate_name, candidate in candidates:
+                pool.add(candidate_name, candidate)
+    if task.parser == "video_classification":  # the corpus: every class, after the rows' own labels
+        for label in LABELS[task.extra["dataset"]]:
+            pool.add(label, item(label))
+    lengths = [len(i["video"]) for i in queries + pool.items if i["video"]]
+    report.update(rows=count, queries=len(queries), candidates=len(pool.names),
+                  frames={"videos": len(lengths), "min": min(lengths, default=0), "max": max(lengths, default=0)})
+    return {"name": name, "queries": queries, "query_ids": query_ids, "candidates": pool.items,
+            "candidate_names": pool.names, "labels": labels, "rel_scores": None,
+            "local": local if task.eval_type == "local" else None, "report": report}
+
+
+def page_file(parser, corpus_id):
+    """A page's file name: ViDoRe's <corpus-id>.png; VisRAG's <base[:50]>_<md5[:8]><ext>, its ids being long."""
+    if parser == "vidore":
+        return f"{corpus_id}.png"
+    base, ext = os.path.splitext(corpus_id)
+    return f"{base[:50]}_{hashlib.md5(corpus_id.encode('utf-8')).hexdigest()[:8]}{ext}"
+
+
+def page_bytes(found):
+    """The corpus's `image` value (Hugging Face's Image feature {"bytes", "path"}, or plain bytes) -> bytes that
+    open as an image."""
+    data = found.get("bytes") if isinstance(found, dict) else found
+    if not isinstance(data, bytes) or not data:
+        raise BadRow("image", "no image bytes", "no page image")
+    try:
+        with Image.open(io.BytesIO(data)):  # its header only
+            pass
+    except Exception as error:  # noqa: BLE001 - Pillow raises several kinds
+        raise BadRow("image", f"not an image: {error}", "no page image") from None
+    return data
+
+
+def read_visdoc_task(v2_dir, name, task, skip_bad_rows):
+    """BEIR's three configs: qrels (score > 0 kept, the larger of a repeated pair), the corpus (pages from
+    files beside it when there, else its bytes), then the queries (of one language, where asked)."""
+    folder = annotation_folder(v2_dir, name, task)
+    root = first_root(v2_dir, task)
+    on_disk = {n for n in os.listdir(root) if not is_junk(n)} if root else set()
+    report = new_report(name, task, folder)
+    report["root"] = root
+
+    def config_rows(config, columns, count=True):
+        files, report["chosen_by"] = annotation_files(folder, config, task.split)
+        for path, location, record in rows(files, columns):
+            if count:
+                report["files"][path] = report["files"].get(path, 0) + 1
+            yield path, location, record
+
+    qrels = {}  # query-id -> {corpus-id: score}, in the qrels' order
+    for path, location, record in config_rows("qrels", ("query-id", "corpus-id", "score")):
+        try:
+            if isinstance(record, BadRow):
+                raise record
+            score = value(record, "score")
+            if isinstance(score, bool) or not isinstance(score, (int, float)):
+                raise BadRow("score", f"expected a number, got {score!r}", "not a number")
+            query_id, corpus_id = string(record, "query-id"), string(record, "corpus-id")
+        except BadRow as error:
+            bad_row(report, name, path, location, error, skip_bad_rows)
+            continue
+        if score > 0:
+            scores = qrels.setdefault(query_id, {})
+            scores[corpus_id] = max(scores.get(corpus_id, 0), score)
+    pages = {}  # corpus-id -> its file's path, or its bytes (None until read), in the corpus's order
+    for path, location, record in config_rows("corpus", ("corpus-id",)):
+        try:
+            if isinstance(record, BadRow):
+                raise record
+            corpus_id = string(record, "corpus-id")
+        except BadRow as error:
+            bad_row(report, name, path, location, error, skip_bad_rows)
+            continue
+        if corpus_id not in pages:
+            file = page_file(task.parser, corpus_id)
+            pages[corpus_id] = os.path.join(root, file) if file in on_disk else None
+    wanted = {k for k, v in pages.items() if v is None}
+    if wanted:  # a second pass, for the bytes of the pages not on disk
+        for path, location, record in config_rows("corpus", ("corpus-id", "image"), count=False):
+            corpus_id = record.get("corpus-id") if isinstance(record, dict) else None
+            if corpus_id is None or str(corpus_id) not in wanted:
+                continue
+            try:
+                pages[str(corpus_id)] = page_bytes(value(record, "image"))
+            except BadRow as error:
+                bad_row(report, name, path, location, error, skip_bad_rows)
+            wanted.discard(str(corpus_id))
+    pages = {k: v for k, v in pages.items() if v is not None}  # a page without an image was a counted bad row
+    queries, query_ids, labels, rel_scores, pool = [], [], [], [], Pool()
+    language, considered = task.extra["language"], 0
+    for path, location, record in config_rows("queries", ("query-id", "query", "language")):
+        try:
+            if isinstance(record, BadRow):
+                raise record
+            if language is not None and value(record, "language") != language:
+                continue
+            considered += 1
+            query_id, text = string(record, "query-id"), string(record, "query")
+            relevant = qrels.get(query_id)
+            if not relevant:
+                raise BadRow("query-id", f"{query_id}: no qrels with a score above 0", "no relevant page")
+            for corpus_id in relevant:
+                if corpus_id not in pages and page_file(task.parser, corpus_id) not in on_disk:
+                    raise BadRow("query-id", f"{query_id}: its relevant page {corpus_id!r} is neither in the corpus "
+                                 f"nor a file in {root or 'visdoc-tasks'}", "relevant page missing")
+        except BadRow as error:
+            bad_row(report, name, path, location, error, skip_bad_rows)
+            continue
+        queries.append(item(prompt(PAGE_QUERY, text)))
+        query_ids.append(query_id)
+        labels.append(list(relevant))
+        rel_scores.append([float(s) for s in relevant.values()])
+        for corpus_id in relevant:
+            pool.add(corpus_id, pages.get(corpus_id) or os.path.join(root, page_file(task.parser, corpus_id)))
+    for corpus_id, source in pages.items():
+        pool.add(corpus_id, source)
+    report.update(rows=considered, queries=len(queries), candidates=len(pool.names), language=language,
+                  pages={"files": sum(isinstance(s, str) for s in pool.items),
+                         "bytes": sum(not isinstance(s, str) for s in pool.items)})
+    return {"name": name, "queries": queries, "query_ids": query_ids, "candidates": Pages(pool.items),
+            "candidate_names": pool.names, "labels": labels, "rel_scores": rel_scores, "local": None,
+            "report": report}
+
+
+def read_v2_task(v2_dir, name, skip_bad_rows=False):
+    """One MMEB-V2 video or visdoc task (a yaml key of V2_TASKS) -> its task dict (the module docstring). A bad
+    row raises UserError naming the task, file and row, or with skip_bad_rows is counted in report["skipped"]."""
+    if name not in V2_TASKS:
+        raise UserError(f"{name!r} is not an MMEB-V2 video or visdoc task (one of {', '.join(V2_TASKS)})")
+    if not os.path.isdir(v2_dir):
+        raise UserError(f"v2_dir: {v2_dir} is not a folder")
+    task = V2_TASKS[name]
+    read = read_video_task if task.family.startswith("VID") else read_visdoc_task
+    return read(os.fspath(v2_dir), name, task, skip_bad_rows)
+
+
+def find_v2_tasks(v2_dir):
+    """Which tasks v2_dir holds. -> (names readable: annotations there and, for video, a frame folder; {name:
+    what is missing} for a task with one part there but not the other)"""
+    if not os.path.isdir(v2_dir):
+        raise UserError(f"v2_dir: {v2_dir} is not a folder")
+    present, partial = [], {}
+    for name, task in V2_TASKS.items():
+        folder = os.path.join(v2_dir, "annotations", task.repo.split("/")[1])
+        annotated = os.path.isdir(folder) and bool(data_files(folder))
+        framed = first_root(v2_dir, task) is not None or not task.family.startswith("VID")
+        if annotated and framed:
+            present.append(name)
+        elif annotated:
+            partial[name] = f"no frames at {' or '.join(os.path.join(v2_dir, r) for r in task.roots)}"
+        elif first_root(v2_dir, task) is not None:
+            partial[name] = f"no annotations at {folder} (huggingface-cli download --repo-type dataset {task.repo})"
+    return present, partial
+
+
+# the classes of the globally scored classification tasks, in VLM2Vec-V2's order (its video_classification_utils'
+# VIDEOCLS_LABEL_MAPPING, kept as data): a global task's pool is every class, not only those its rows name
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "video_classes.json"), encoding="utf-8") as _f:
+    LABELS = json.load(_f)
