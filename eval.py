@@ -1,11 +1,16 @@
 """
-eval.py: MMEB Precision@1 of an embedder, per dataset and as the paper's Table 8.
+eval.py: MMEB Precision@1 of an embedder, per dataset and as the paper's Table 8; MMEB-V2's 78 tasks as VLM2Vec-V2
+scores them.
 
     python eval.py --init_from=out/stage2/export --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images
     torchrun --nproc_per_node=8 eval.py --init_from=out/stage2/step_002000 --mmeb_dir=... --image_dir=...
     python eval.py config/shapes_eval.py                          # the toy benchmark, the toy's Stage II export
     python eval.py --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images --check_data=True   # no model
     python -m tools.geometry out/shapes_eval.json                 # then the geometry diagnostics, drawn
+
+    python eval.py --init_from=out/stage2/export --mmeb_dir=data/MMEB-V2/annotations \
+        --image_dir=data/MMEB-V2/image-tasks --v2_dir=data/MMEB-V2         # MMEB-V2: image, video, visual documents
+    python eval.py --init_from=... --v2_dir=data/MMEB-V2 --v2_tasks="['VID_QA']"   # one family (or task, or 'video')
 
 init_from is a Hugging Face folder (a release or an export/) or a training step folder. The config globals below
 are the defaults; main() resolves config files and --key=value over them and passes the values on explicitly.
@@ -29,6 +34,12 @@ in length-sorted batches. Under torchrun each rank encodes a strided share and t
 rank scores all rows, rank 0 prints and writes. Each finished dataset is kept in <stem>_datasets/, keyed to the
 checkpoint, its embedding spec and every setting that changes a score: a rerun reads it back.
 
+MMEB-V2 (v2_dir): its video and visual-document tasks (readers/mmeb_v2_data.py) are ranked as VLM2Vec-V2 ranks
+them, over a task's de-duplicated pool or each row's own candidates, and scored by its metrics (readers/mmeb_v2.py:
+hit@1 for video, nDCG@5 with the qrels' grades for documents, and the rest at 1, 5 and 10); an image task's hit@1
+comes from its P@1 run, whose scores it ranks. The table and the JSON's "mmeb_v2" give family, modality and
+all-task means, and name what is missing: only all 78 tasks make "MMEB-V2 overall".
+
 Beside the scores it keeps what the tools draw from: with geometry=True, a sample of each dataset's embeddings
 (<stem>_datasets/<name>.geometry.safetensors) for tools/geometry.py, the paper's geometry diagnostics; with
 sheet_queries > 0, each dataset's sampled queries and their top candidates, which python -m tools.plot draws.
@@ -41,6 +52,7 @@ import random
 import sys
 import time
 import zlib
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -50,9 +62,9 @@ import common
 import configurator
 import loss
 from common import UserError
-from model import image_name
-from readers import mmeb
+from readers import mmeb, mmeb_v2
 from readers.evaluation import eval_files, find_eval_datasets, read_eval_dataset
+from readers.mmeb_v2_data import V2_TASKS as V2_READERS, find_v2_tasks, read_v2_task
 from readers.records import summary
 from runs.checkpoint import fingerprint
 from runs.export import add_evaluation, load_for_inference
@@ -62,6 +74,8 @@ from runs.export import add_evaluation, load_for_inference
 init_from = ""  # checkpoint: a Hugging Face folder, an export/ folder or a training step folder
 mmeb_dir = ""  # an MMEB-eval download (or MMEB-V2 image tasks): one folder of Parquet files per dataset
 image_dir = ""  # where the rows' image paths are relative to: where images.zip was unzipped
+v2_dir = ""  # an MMEB-V2 download (video-tasks/, visdoc-tasks/, annotations/): its video and visual-document tasks
+v2_tasks = []  # of those: task keys, families (VID_QA, ViDoRe_v1, ...) or 'video' / 'visdoc'; [] = every one found
 datasets = []  # dataset folder names to score, e.g. ['ImageNet-1K', 'CIFAR-100']; [] = MMEB's 36 (all, if none is MMEB's)
 allow_missing_datasets = False  # a dataset folder without Parquet files: listed as omitted instead of an error
 check_data = False  # read every dataset and image path as the evaluation would, report and exit (0: it would run)
@@ -70,6 +84,8 @@ instructions = "paper"  # queries: 'paper' = Table 5's instruction per task form
 batch_size = 16  # items per forward pass
 num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
 max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoint's own
+video_frames = 0  # frames a video keeps, spread evenly (VLM2Vec-V2: 8, Qwen3-VL-Embedding: 64); 0 = the checkpoint's
+video_max_pixels = 0  # a video's pixel budget over all its kept frames (t * h * w); 0 = the checkpoint's own
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # let rows name images outside image_dir
@@ -103,7 +119,8 @@ def which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log):
         names = list(datasets)
     else:
         names = [name for name in present if name in mmeb.MMEB_TABLE] or present  # the toy: no MMEB dataset
-        passed = [name for name in present if name not in names]
+        v2_repos = {task.repo.split("/")[1] for task in V2_READERS.values()}  # MMEB-V2's video and visdoc rows
+        passed = [name for name in present if name not in names and name not in v2_repos]
         if passed:
             log(f"not scored: {', '.join(passed)} (not among MMEB's 36; name it in datasets to score it apart)")
     omitted = [name for name in names if name in empty]
@@ -123,14 +140,35 @@ def which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log):
 # -----------------------------------------------------------------------------
 # distinct items, encoding, scoring
 
+def item_key(item):
+    """What makes two items one: the text and the image or frames (paths; an image in memory by its identity)."""
+    media = lambda x: os.fspath(x) if isinstance(x, (str, os.PathLike)) else id(x)  # noqa: E731
+    image, video = item.get("image"), item.get("video")
+    return (item.get("text") or "", None if image is None else media(image),
+            None if not video else tuple(media(frame) for frame in video))
+
+
+class Share(Sequence):
+    """items[indices[k]] as the k-th item, looked up when asked: a visual-document pool builds each page when
+    it is read, so a rank's share never holds every page's pixels at once."""
+
+    def __init__(self, items, indices):
+        self.items, self.indices = items, indices
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, k):
+        return self.items[self.indices[k]]
+
+
 def distinct_items(rows):
     """Rows -> (items, query_index (Q,), candidate_index (Q, K)): each distinct (text, image) once, queries and
     candidates alike; the indices point into items, -1 pads rows with fewer candidates."""
     items, position = [], {}
 
     def index(side):
-        image = side.get("image")
-        key = (side.get("text") or "", os.fspath(image) if isinstance(image, (str, os.PathLike)) else id(image))
+        key = item_key(side)
         if key not in position:
             position[key] = len(items)
             items.append(side)
@@ -152,14 +190,12 @@ def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1
     preprocessor = embedder.preprocessor
 
     def encode(indices):
-        share = [items[i] for i in indices]
+        share = Share(items, indices)
         if not share:
             return torch.empty(0, embedder.dim), torch.empty(0, dtype=torch.bool)  # a rank with nothing to encode
-        seen = len(preprocessor.shrunk)
+        seen = len(preprocessor.shrunk)  # num_tokens notes each shrunk image once, as it measures the item
         vectors = embedder.encode(share, batch_size, num_workers, progress=label if rank == 0 else "")  # (n_rank, D)
-        shrunk = set(preprocessor.shrunk[seen:])
-        return vectors, torch.tensor([item.get("image") is not None and image_name(item["image"]) in shrunk
-                                      for item in share])  # (n_rank,)
+        return vectors, torch.arange(len(share)) < len(preprocessor.shrunk) - seen  # (n_rank,): a count, gathered
     embeddings, shrunk = common.shared_rows(encode, len(items), rank, world_size)
     return embeddings, int(shrunk.sum())
 
@@ -206,7 +242,10 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
     scores = candidate_scores(embeddings[query_index], embeddings, cand_index, similarity)  # (Q, K)
     hits, ties, argmax_hits = precision_at_1(scores)
     counts = (cand_index >= 0).sum(dim=1)  # (Q,) candidates a row
+    # MMEB-V2 scores an image task by hit@1 of VLM2Vec-V2's ranking (its numpy sort: ties in its order), gold at 0
+    v2_hit = mmeb_v2.ranking_metrics(scores, [str(k) for k in range(scores.shape[1])], [["0"]] * len(rows), ks=(1,))
     result = {"precision_at_1": 100.0 * hits / len(rows), "precision_at_1_argmax": 100.0 * argmax_hits / len(rows),
+              "v2_hit_at_1": 100.0 * v2_hit["hit@1"],
               "num_queries": len(rows), "ties": ties, "candidates": [int(counts.min()), int(counts.max())],
               "distinct_items": len(items), "dedup_factor": (len(rows) + int(counts.sum())) / len(items),
               "seconds": seconds, "items_per_second": len(items) / max(seconds, 1e-9), "images_shrunk": shrunk}
@@ -236,7 +275,8 @@ def dataset_key(name, folder, spec, checkpoint_id, settings):
     """What a dataset's result depends on, as a short hash: the checkpoint (its fingerprint), its embedding spec
     (the similarity, the prompt, the budgets: model.EmbeddingSpec), the evaluation's settings, and the dataset's
     files (path, size, modification time)."""
-    files = [(path, os.path.getsize(path), os.stat(path).st_mtime_ns) for path in eval_files(folder)]
+    paths = folder if isinstance(folder, list) else eval_files(folder)  # a V2 task's files, or a dataset folder's
+    files = [(path, os.path.getsize(path), os.stat(path).st_mtime_ns) for path in paths]
     key = {"checkpoint": checkpoint_id, "spec": spec.to_dict(), "dataset": name, "files": files, **settings}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -330,6 +370,139 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
     return per_dataset
 
 
+# -----------------------------------------------------------------------------
+# MMEB-V2's video and visual-document tasks: read by readers/mmeb_v2_data.py, ranked and scored as VLM2Vec-V2
+# does by readers/mmeb_v2.py; the 36 image tasks are the datasets above, their hit@1 beside their P@1
+
+def which_v2_tasks(v2_dir, wanted, log):
+    """v2_tasks (task keys, families, 'video' / 'visdoc'; [] = all) -> (tasks to score, found there). A task named
+    but not there is an error; of 'all', those not there are reported missing in the table."""
+    present, partial = find_v2_tasks(v2_dir)
+    scored = [n for n in present if V2_READERS[n].extra.get("scored", True)]
+    for name, lack in partial.items():
+        log(f"{name}: not scored, {lack}")
+    if not wanted:
+        if not scored:
+            raise UserError(f"v2_dir: no MMEB-V2 video or visdoc task found in {v2_dir} (see README: the data)")
+        return scored
+    names = []
+    for want in wanted:
+        key = mmeb_v2.task_key(want)
+        if want in ("video", "visdoc"):
+            group = mmeb_v2.MODALITIES[want]
+        elif want in mmeb_v2.FAMILIES and mmeb_v2.V2_TASKS[mmeb_v2.FAMILIES[want][0]].modality != "image":
+            group = mmeb_v2.FAMILIES[want]
+        elif key in V2_READERS:
+            group = (key,)
+        elif key or want == "image" or want in mmeb_v2.FAMILIES:
+            raise UserError(f"v2_tasks: {want!r} is an image task or family: the image tasks are read from mmeb_dir")
+        else:
+            families = [f for f, names in mmeb_v2.FAMILIES.items() if mmeb_v2.V2_TASKS[names[0]].modality != "image"]
+            raise UserError(f"v2_tasks: {want!r} is no MMEB-V2 video or visdoc task, family ({', '.join(families)}) "
+                            "or modality (video, visdoc)")
+        names += [n for n in group if n not in names]
+    absent = [n for n in names if n not in present]
+    if absent:
+        raise UserError(f"v2_tasks: not in {v2_dir}: {', '.join(absent)}" +
+                        "".join(f"\n  {n}: {partial[n]}" for n in absent if n in partial))
+    return names
+
+
+def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, rank=0, world_size=1):
+    """One video or visual-document task (a readers.mmeb_v2_data task dict) -> its result: VLM2Vec's metrics
+    (fractions: hit@k, ndcg_linear@k, ... for k = 1, 5, 10), the counts and the speed. Its queries and its
+    de-duplicated pool are each encoded once (under torchrun a strided share per rank, gathered), scored (Q, M) as
+    training scores them, and ranked over the pool (eval_type global) or each row's own candidates (local)."""
+    queries, pool = task["queries"], task["candidates"]
+    if not queries or not len(pool):
+        raise UserError(f"{task['name']}: no queries or no candidates")
+    items = Share([*queries, *pool] if isinstance(pool, list) else Joined(queries, pool),
+                  range(len(queries) + len(pool)))
+    start = time.time()
+    embeddings, shrunk = encode_shared(embedder, items, batch_size, num_workers, rank, world_size, task["name"])
+    seconds = time.time() - start
+    if not torch.isfinite(embeddings).all():
+        raise UserError(f"{task['name']}: the model gave non-finite embeddings")
+    query_emb = loss.compared(embeddings[:len(queries)], similarity)  # (Q, D)
+    pool_emb = loss.compared(embeddings[len(queries):], similarity)  # (M, D)
+    scores = (query_emb @ pool_emb.T).float()  # (Q, M), eq. (2) / (1)
+    metrics = mmeb_v2.ranking_metrics(scores, task["candidate_names"], task["labels"], task["rel_scores"],
+                                      task["local"])
+    return dict(metrics, num_queries=len(queries), candidates=len(pool), seconds=seconds,
+                items_per_second=len(items) / max(seconds, 1e-9), seconds_per_1000_items=1000 * seconds / len(items),
+                images_shrunk=shrunk)
+
+
+class Joined(Sequence):
+    """queries, then a pool that builds its items when asked (a visual-document pool): one sequence."""
+
+    def __init__(self, queries, pool):
+        self.queries, self.pool = queries, pool
+
+    def __len__(self):
+        return len(self.queries) + len(self.pool)
+
+    def __getitem__(self, k):
+        return self.queries[k] if k < len(self.queries) else self.pool[k - len(self.queries)]
+
+
+def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, checkpoint_id):
+    """Every V2 task of `names` -> {name: result}, each kept in <stem>_datasets/v2_<name>.json as it finishes and
+    read back by a rerun with the same checkpoint, spec, settings and annotation files."""
+    folder, per_task = stem + "_datasets", {}
+    workers = common.worker_count(settings["num_workers"])
+    keep = {"dtype": settings["dtype"], "skip_bad_rows": settings["skip_bad_rows"], "v2_dir": os.path.abspath(v2_dir)}
+    for name in names:
+        task = read_v2_task(v2_dir, name, settings["skip_bad_rows"])
+        files = sorted(task["report"]["files"])
+        key = dataset_key(name, files, embedder.spec, checkpoint_id, keep)
+        kept = common.on_rank_zero(lambda: kept_results(folder, {"v2_" + name: key}, settings["overwrite"]))
+        if kept:
+            per_task[name] = kept["v2_" + name]
+            log(f"{name}: kept from an earlier run with the same checkpoint and settings "
+                f"({os.path.join(folder, 'v2_' + name + '.json')}; --overwrite=True recomputes it)")
+            continue
+        result = evaluate_v2_task(embedder, task, embedder.spec.similarity, settings["batch_size"], workers, rank,
+                                  world_size)
+        info = mmeb_v2.V2_TASKS[name]
+        per_task[name] = dict(result, family=info.family, metric=info.metric, eval_type=info.eval_type,
+                              skipped=task["report"]["skipped"])
+        if rank == 0:
+            keep_result(folder, "v2_" + name, key, per_task[name], None)
+        log(f"{name}: {info.metric} {100 * result[info.metric]:.1f} ({info.family}, {info.eval_type}) over "
+            f"{result['num_queries']} queries and {result['candidates']} candidates, "
+            f"{result['seconds_per_1000_items']:.1f} s per 1,000 items" +
+            (f"; skipped rows: {summary(task['report']['skipped'])}" if task["report"]["skipped"] else ""), flush=True)
+    return per_task
+
+
+def v2_section(per_task, image_results):
+    """The MMEB-V2 part of the JSON: "results", every task's (an image task: its hit@1 as a fraction, from its
+    P@1 run), and the means as readers.mmeb_v2.aggregate_v2 labels them (only all 78 is 'MMEB-V2 overall')."""
+    results = {**{n: {"hit@1": r["v2_hit_at_1"] / 100, "num_queries": r["num_queries"]}
+                  for n, r in image_results.items() if n in mmeb_v2.V2_TASKS}, **per_task}
+    return {"results": results, **mmeb_v2.aggregate_v2(results)}
+
+
+def check_v2(names, v2_dir, skip_bad_rows, log):
+    """--check_data=True with v2_dir: every V2 task read as the evaluation reads it. -> problems (strings)"""
+    problems = []
+    for name in names:
+        try:
+            report = read_v2_task(v2_dir, name, True)["report"]
+        except UserError as error:
+            problems.append(str(error))
+            continue
+        log(f"{name}: {report['rows']} rows, {report['queries']} queries, {report['candidates']} candidates"
+            + (f", skipped {summary(report['skipped'])}" if report["skipped"] else ""))
+        if report["skipped"] and not skip_bad_rows:
+            problems.append(f"{name}: bad rows {summary(report['skipped'])} (--skip_bad_rows=True skips them), "
+                            f"e.g. {next(iter(report['examples'].values()))}")
+        if not report["queries"]:
+            problems.append(f"{name}: no usable rows")
+    return problems
+
+
 def scores_section(per_dataset, missing, is_mmeb):
     """One family's results -> its JSON part: the datasets, Table 8's means, the argmax means, and for MMEB how
     many of the 36 are in them."""
@@ -342,6 +515,19 @@ def scores_section(per_dataset, missing, is_mmeb):
 
 def table_text(output):
     """The printed table: MMEB's part (its final score named for what it covers), then any other datasets apart."""
+    parts = []
+    if "datasets" in output:
+        parts = [image_table(output)]
+    if "mmeb_v2" in output:
+        parts.append(mmeb_v2.format_table_v2(output["mmeb_v2"]["results"], f"MMEB-V2 ({output['similarity']} "
+                                             "similarity; image tasks: hit@1 of the rows above)"))
+    notes = "* out of distribution; P@1: ties are misses; argmax: the official scorer, ties go to the gold"
+    notes += f"\nomitted (no Parquet files): {', '.join(output['omitted'])}" if output["omitted"] else ""
+    return "\n\n".join(parts) + ("\n" + notes if "datasets" in output else "")
+
+
+def image_table(output):
+    """MMEB's table (its final score named for what it covers), then any other datasets apart."""
     if output["benchmark"] == "MMEB":
         coverage = output["coverage"]
         title = (f"Final score: MMEB overall, all {coverage['of']} datasets" if not coverage["missing"] else
@@ -353,9 +539,7 @@ def table_text(output):
     if output.get("others"):
         parts.append(mmeb.format_table(output["others"]["datasets"], f"Final score of these {len(output['others']['datasets'])} "
                                        "datasets, apart from MMEB (in no MMEB mean)"))
-    notes = "* out of distribution; P@1: ties are misses; argmax: the official scorer, ties go to the gold"
-    notes += f"\nomitted (no Parquet files): {', '.join(output['omitted'])}" if output["omitted"] else ""
-    return "\n\n".join(parts) + "\n" + notes
+    return "\n\n".join(parts)
 
 
 def report(output, out, started, card_folder="", wandb_project=""):
@@ -366,13 +550,18 @@ def report(output, out, started, card_folder="", wandb_project=""):
     config = output["config"]
     print(f"wrote {out}" + (f"; draw its geometry: python -m tools.geometry {out}" if config["geometry"] else "")
           + (f"; its retrieval sheets: python -m tools.plot {out}" if config["sheet_queries"] else ""))
-    if card_folder and add_evaluation(card_folder, f"Precision@1 ({output['similarity']} similarity, instructions "
+    if card_folder and add_evaluation(card_folder, f"MMEB ({output['similarity']} similarity, instructions "
                                                    f"'{config['instructions']}'), eval.py:\n\n```\n{table}\n```"):
         print(f"added the table to {os.path.join(card_folder, 'README.md')}")
     if wandb_project:
         run_dir = os.path.dirname(os.path.abspath(output["init_from"]))
         wandb = common.start_wandb(run_dir, True, wandb_project, os.path.basename(run_dir), config)
-        scores = {**output["meta_tasks"], "IND": output["IND"], "OOD": output["OOD"], "overall": output["overall"]}
+        scores = {**output["meta_tasks"], "IND": output["IND"], "OOD": output["OOD"],
+                  "overall": output["overall"]} if "meta_tasks" in output else {}
+        if "mmeb_v2" in output:  # family, modality and all-task means, under names saying what they cover
+            v2 = output["mmeb_v2"]
+            scores.update({f"v2_{name}": c["mean"] for name, c in {**v2["families"], **v2["modalities"]}.items()})
+            scores["v2_all" if v2["complete"] else "v2_partial_mean"] = v2["all"]["mean"]
         wandb.log({f"eval/{k}": v for k, v in scores.items() if v is not None})
         wandb.finish()
 
@@ -397,30 +586,44 @@ def main(argv=None):
     configurator.check_choice("dtype", dtype, ("float32", "bfloat16"))
     configurator.check_choice("similarity", similarity, ("",) + loss.SIMILARITIES)
     configurator.check_choice("instructions", instructions, ("paper", "dataset"))
-    if not mmeb_dir or not (init_from or check_data):
-        raise UserError("set --mmeb_dir=... and --init_from=...")
+    if not (mmeb_dir or v2_dir) or not (init_from or check_data):
+        raise UserError("set --mmeb_dir=... (MMEB's image tasks) and/or --v2_dir=... (MMEB-V2's video and visual-"
+                        "document tasks), and --init_from=...")
     rank, _, world_size, run_device = common.compute_init(device, timeout_minutes)
     log = print if rank == 0 else (lambda *a, **k: None)
-    mmeb_names, other_names, omitted, missing = which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log)
+    mmeb_names, other_names, omitted, missing = (which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets,
+                                                                log) if mmeb_dir else ([], [], [], []))
+    v2_names = which_v2_tasks(v2_dir, v2_tasks, log) if v2_dir else []
     if check_data:
-        sys.exit(check(mmeb_names + other_names, mmeb_dir, image_dir, skip_bad_rows, instructions, allow_any_image_path,
-                       log))
+        code = check(mmeb_names + other_names, mmeb_dir, image_dir, skip_bad_rows, instructions, allow_any_image_path,
+                     log) if mmeb_dir else 0
+        problems = check_v2(v2_names, v2_dir, skip_bad_rows, log)
+        if v2_dir:
+            verdict = ("the evaluation would NOT run:\n  " + "\n  ".join(problems)) if problems else \
+                "the evaluation would run"
+            log(f"check_data: {len(v2_names)} MMEB-V2 video and visdoc tasks; {verdict}")
+        sys.exit(1 if code or problems else 0)
     if threads:
         torch.set_num_threads(threads)
     if rank == 0:
         configurator.print_config(config)
     started = time.time()
     embedder, info = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
-                                        similarity=similarity)
+                                        similarity=similarity, video_frames=video_frames,
+                                        video_max_pixels=video_max_pixels)
     settings = {key: config[key] for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers", "overwrite")}
     stem = os.path.splitext(out)[0]
+    checkpoint_id = fingerprint(init_from)
     per_dataset = evaluate_all(embedder, mmeb_names + other_names, mmeb_dir, image_dir, stem, settings, rank, world_size,
-                               log, fingerprint(init_from))
+                               log, checkpoint_id) if mmeb_dir else {}
+    per_task = evaluate_v2(embedder, v2_names, v2_dir, stem, settings, rank, world_size, log, checkpoint_id)
     main_names = mmeb_names or other_names  # MMEB's datasets; the others apart. Without MMEB's, the others alone
-    output = {"benchmark": "MMEB" if mmeb_names else "other",
-              **scores_section({n: per_dataset[n] for n in main_names}, missing, bool(mmeb_names)),
+    image_part = scores_section({n: per_dataset[n] for n in main_names}, missing, bool(mmeb_names)) if mmeb_dir else {}
+    output = {"benchmark": "MMEB" if mmeb_names else "other" if mmeb_dir else "MMEB-V2", **image_part,
               "omitted": omitted, "similarity": embedder.spec.similarity, "spec": embedder.spec.to_dict(),
               "init_from": init_from, "datasets_folder": stem + "_datasets", "config": config}
+    if v2_dir:
+        output["mmeb_v2"] = v2_section(per_task, {n: per_dataset[n] for n in mmeb_names})
     if mmeb_names and other_names:
         output["others"] = scores_section({n: per_dataset[n] for n in other_names}, [], False)
     if rank == 0:

@@ -226,6 +226,8 @@ def test_the_readmes_data_commands_work_on_the_layouts_it_describes(tmp_path):
     downloads.plain_rows(str(tmp_path), rows=260)  # your own rows, in the plain layout
     downloads.mmeb_eval(str(tmp_path))
     annotations, images = downloads.mmeb_v2(str(tmp_path))
+    downloads.mmeb_v2_video(str(tmp_path))  # MMEB-V2's video and visdoc tasks beside its image tasks
+    downloads.mmeb_v2_visdoc(str(tmp_path))
     for command in commands:
         args = command.split("#")[0].split()[1:]  # after "python", before a comment
         args = [os.path.join(ROOT, a) if a.endswith(".py") and not a.startswith("--") else a for a in args]

@@ -1,0 +1,135 @@
+"""
+Tests of eval.py on MMEB-V2's video and visual-document tasks: a whole run on fixtures in the real download
+layouts (tests/downloads.py) with its table, JSON and kept results; the ranking it scores equals VLM2Vec's
+metrics on the same matrix; planted embeddings score 1 where they should; task selection; --check_data.
+
+    python -m pytest -q tests/test_eval_v2.py
+"""
+import json
+import os
+import shlex
+import shutil
+
+import pytest
+import torch
+
+import eval as evaluation
+from common import UserError
+from readers import mmeb_v2
+from readers.mmeb_v2_data import read_v2_task
+from tests import downloads
+from tests.toyrun import ROOT
+
+slow = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def v2_dir(tmp_path_factory):
+    """base/data/MMEB-V2 with its image tasks, a task of every video parser and three document sets."""
+    base = str(tmp_path_factory.mktemp("v2"))
+    downloads.mmeb_v2(base)
+    downloads.mmeb_v2_visdoc(base)
+    return downloads.mmeb_v2_video(base)
+
+
+def readme_v2_commands():
+    """The README's MMEB-V2 eval.py lines (the whole benchmark, then one family), as argument lists."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = [line.strip() for line in f if line.startswith("python eval.py") and "--v2_dir=" in line]
+    return [shlex.split(line.split("#")[0])[2:] for line in lines]
+
+
+@slow
+def test_the_readmes_commands_score_every_family_and_say_what_they_cover(tiny_checkpoint, v2_dir, capsys,
+                                                                         monkeypatch):
+    whole, family = readme_v2_commands()
+    assert "--mmeb_dir=data/MMEB-V2/annotations" in whole and "--v2_tasks=['VID_QA']" in family
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(v2_dir)))  # where data/MMEB-V2 is
+    speed = ["--device=cpu", "--dtype=float32", "--num_workers=0", "--batch_size=4", "--max_pixels=4096",
+             "--geometry=False", f"--init_from={tiny_checkpoint}"]
+    output = evaluation.main(whole + speed)
+    v2 = output["mmeb_v2"]
+    families = {mmeb_v2.V2_TASKS[n].family for n in v2["results"]}
+    assert families >= {"VID_CLS", "VID_RET", "VID_MRET", "VID_QA", "ViDoRe_v1", "ViDoRe_v2", "VisRAG"}, families
+    images = [n for n in v2["results"] if mmeb_v2.V2_TASKS[n].modality == "image"]
+    assert images and images == [n for n in output["datasets"] if n in mmeb_v2.V2_TASKS]  # MMEB-V2's image rows
+    for name, result in v2["results"].items():
+        metric = mmeb_v2.V2_TASKS[name].metric
+        assert 0 <= result[metric] <= 1 and result["num_queries"] > 0, name
+        if name not in images:
+            assert result["metric"] == metric and result["seconds_per_1000_items"] > 0
+    scored = len(v2["results"])
+    assert not v2["complete"] and v2["all"]["label"].startswith(f"mean of {scored} of 78 tasks")
+    table = capsys.readouterr().out
+    assert "MMEB-V2 overall" not in table and f"mean of {scored} of 78 tasks (partial" in table
+    with open(output["config"]["out"]) as f:
+        assert json.load(f)["mmeb_v2"]["all"]["present"] == v2["all"]["present"]
+    # one family: the kept results read back, not encoded again
+    monkeypatch.setattr(evaluation, "evaluate_v2_task", lambda *a, **k: pytest.fail("encoded again"))
+    again = evaluation.main(family + speed)["mmeb_v2"]
+    assert set(again["results"]) == set(mmeb_v2.FAMILIES["VID_QA"])
+    assert again["families"]["VID_QA"]["mean"] == pytest.approx(v2["families"]["VID_QA"]["mean"])
+
+
+def planted(task, dim=8):
+    """Embeddings (queries then pool) where each query is the sum of its golds' vectors: every gold on top."""
+    names = task["candidate_names"]
+    pool = torch.eye(len(names), max(dim, len(names)))  # (M, D), one direction a candidate
+    queries = torch.stack([sum(pool[names.index(g)] for g in gold) for gold in task["labels"]])  # (Q, D)
+    return torch.cat([queries, pool])
+
+
+@pytest.mark.parametrize("name", ["MSR-VTT", "Video-MME", "ViDoRe_arxivqa"])
+def test_the_matrix_eval_builds_is_ranked_as_vlm2vec_ranks_it(v2_dir, name, monkeypatch):
+    task = read_v2_task(v2_dir, name)
+    embeddings = planted(task) + 0.01 * torch.randn(len(task["queries"]) + len(task["candidates"]),
+                                                     planted(task).shape[1], generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(evaluation, "encode_shared", lambda embedder, items, *a, **k: (embeddings[:len(items)], 0))
+    result = evaluation.evaluate_v2_task(None, task, "dot")
+    q = len(task["queries"])
+    expected = mmeb_v2.ranking_metrics((embeddings[:q] @ embeddings[q:].T).numpy(), task["candidate_names"],
+                                       task["labels"], task["rel_scores"], task["local"])
+    assert {k: result[k] for k in expected} == pytest.approx(expected, abs=1e-9)
+    assert result["hit@1"] == 1.0  # each query's gold is its nearest candidate
+    # the golds moved to the worst places: hit@1 0 (local tasks rank the row's own candidates only)
+    monkeypatch.setattr(evaluation, "encode_shared", lambda embedder, items, *a, **k: (
+        torch.cat([-embeddings[:q], embeddings[q:]]), 0))
+    assert evaluation.evaluate_v2_task(None, task, "dot")["hit@1"] == 0.0
+
+
+def test_image_tasks_carry_vlm2vec_v2s_hit_at_1_beside_p_at_1(tiny_embedder):
+    rows = [{"query": {"text": f"item {k}", "image": None},
+             "candidates": [{"text": f"item {k}", "image": None}] + [{"text": f"other {j}", "image": None}
+                                                                     for j in range(3)]} for k in range(3)]
+    result = evaluation.evaluate_dataset(tiny_embedder, rows, "cos")[0]
+    assert result["v2_hit_at_1"] == result["precision_at_1"] == 100.0  # a query is its own gold: cos 1, no tie
+    section = evaluation.v2_section({}, {"ImageNet-1K": dict(result, num_queries=3)})
+    assert section["results"]["ImageNet-1K"]["hit@1"] == 1.0 and section["modalities"]["image"]["present"] == [
+        "ImageNet-1K"]
+
+
+def test_tasks_are_chosen_by_key_family_or_modality(v2_dir):
+    log = lambda *a, **k: None  # noqa: E731
+    assert evaluation.which_v2_tasks(v2_dir, ["MSR-VTT"], log) == ["MSR-VTT"]
+    qa = evaluation.which_v2_tasks(v2_dir, ["VID_QA"], log)
+    assert qa == [n for n in mmeb_v2.FAMILIES["VID_QA"]]
+    everything = evaluation.which_v2_tasks(v2_dir, [], log)
+    assert set(qa) <= set(everything) and all(mmeb_v2.V2_TASKS[n].modality != "image" for n in everything)
+    assert "ViDoRe_biomedical_lectures_v2" not in everything  # VLM2Vec runs it, no MMEB-V2 mean has it
+    with pytest.raises(UserError, match="image task"):
+        evaluation.which_v2_tasks(v2_dir, ["ImageNet-1K"], log)
+    with pytest.raises(UserError, match="no MMEB-V2 video or visdoc task"):
+        evaluation.which_v2_tasks(v2_dir, ["MSRVTT"], log)
+
+
+def test_check_data_reads_every_task_and_fails_on_a_missing_frame_folder(v2_dir, tmp_path):
+    with pytest.raises(SystemExit) as code:
+        evaluation.main([f"--v2_dir={v2_dir}", "--v2_tasks=['MSR-VTT', 'ViDoRe_arxivqa']", "--check_data=True"])
+    assert code.value.code == 0
+    broken = str(tmp_path / "broken")
+    shutil.copytree(v2_dir, broken)
+    frames = os.path.join(broken, "video-tasks", "frames", "video_ret", "MSR-VTT")
+    shutil.rmtree(os.path.join(frames, sorted(os.listdir(frames))[0]))
+    with pytest.raises(SystemExit) as code:
+        evaluation.main([f"--v2_dir={broken}", "--v2_tasks=['MSR-VTT']", "--check_data=True"])
+    assert code.value.code == 1
