@@ -28,6 +28,7 @@ from readers.evaluation import read_eval_dataset
 from runs.export import model_card
 from shapes.prepare import prepare
 from tools import geometry as diagnostics
+from tests import downloads
 from tests.toyrun import torchrun
 
 TOY_DATASETS = ["Shapes-CLS", "Shapes-T2I-OOD"]  # one IND and one OOD, two meta tasks: fast
@@ -280,10 +281,19 @@ def test_norm_from_direction_r2():
 def test_two_gloo_ranks_equal_one_process(toy_run, dot_checkpoint, toy_benchmark, tmp_path):
     one, _ = toy_run
     out = str(tmp_path / "two.json")
-    code, output = torchrun(2, "eval.py", *toy_args(dot_checkpoint, toy_benchmark, out), timeout=120)
+    # and, in the same launch, MMEB-V2 tasks of three kinds: a video pool, a row's own options, a document corpus
+    v2 = [f"--v2_dir={downloads.mmeb_v2_video(str(tmp_path), names=('MSR-VTT', 'Video-MME'))}",
+          "--v2_tasks=['MSR-VTT', 'Video-MME', 'ViDoRe_arxivqa']"]
+    downloads.mmeb_v2_visdoc(str(tmp_path))
+    code, output = torchrun(2, "eval.py", *toy_args(dot_checkpoint, toy_benchmark, out), *v2, timeout=120)
     assert code == 0, output[-6000:]
     with open(out) as f:
         two = json.load(f)
+    alone = evaluation.main([f"--init_from={dot_checkpoint}", "--num_workers=0", "--device=cpu", "--geometry=False",
+                             f"--out={tmp_path / 'v2_one.json'}", *v2])["mmeb_v2"]["results"]
+    for name in ("MSR-VTT", "Video-MME", "ViDoRe_arxivqa"):
+        for key in ("hit@1", "ndcg_linear@5", "mrr@10", "num_queries", "candidates"):
+            assert two["mmeb_v2"]["results"][name][key] == pytest.approx(alone[name][key], abs=1e-9), (name, key)
     for name in TOY_DATASETS:  # every rank encoded half the distinct items: the same numbers
         for key in ("precision_at_1", "num_queries", "ties", "distinct_items", "dedup_factor"):
             assert two["datasets"][name][key] == one["datasets"][name][key], (name, key)
