@@ -462,17 +462,24 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
             log(f"{name}: kept from an earlier run with the same checkpoint and settings "
                 f"({os.path.join(folder, 'v2_' + name + '.json')}; --overwrite=True recomputes it)")
             continue
+        most = task["report"].get("frames", {}).get("max", 0)
+        if "all" in V2_READERS[name].extra.get("budget", ()) and most > embedder.spec.video_frames:
+            log(f"{name}: WARNING: VLM2Vec-V2 embeds every saved frame of its videos (up to {most} here); "
+                f"--video_frames={embedder.spec.video_frames} keeps fewer (--video_frames={most} for its reading)")
         result = evaluate_v2_task(embedder, task, embedder.spec.similarity, settings["batch_size"], workers, rank,
                                   world_size)
         info = mmeb_v2.V2_TASKS[name]
+        unreachable = task["report"].get("unreachable", 0)  # an answer none of its row's options is: VLM2Vec's miss
         per_task[name] = dict(result, family=info.family, metric=info.metric, eval_type=info.eval_type,
-                              skipped=task["report"]["skipped"])
+                              skipped=task["report"]["skipped"], unreachable_golds=unreachable)
         if rank == 0:
             keep_result(folder, "v2_" + name, key, per_task[name], None)
         log(f"{name}: {info.metric} {100 * result[info.metric]:.1f} ({info.family}, {info.eval_type}) over "
             f"{result['num_queries']} queries and {result['candidates']} candidates, "
             f"{result['seconds_per_1000_items']:.1f} s per 1,000 items" +
-            (f"; skipped rows: {summary(task['report']['skipped'])}" if task["report"]["skipped"] else ""), flush=True)
+            (f"; skipped rows: {summary(task['report']['skipped'])}" if task["report"]["skipped"] else "") +
+            (f"; {unreachable} answers none of their options (misses, as VLM2Vec scores them)" if unreachable else ""),
+            flush=True)
     return per_task
 
 

@@ -39,10 +39,11 @@ recall@k = that / number of golds (1.0 when a query has none); f1@k their harmon
 each gold position of the top k (a repeated name counted each time) over min(golds, k); mrr@k 1 / rank of the first
 gold in the top k; ndcg_{linear,exponential}@k = DCG / ideal DCG with gain rel or 2^rel - 1 and discount
 log2(rank + 1), rel the graded qrels (rel_scores) when given, else 1 per gold; the ideal is the golds' rels sorted,
-cut at k. One difference, on purpose: RankingMetrics pairs rel_scores with list(set(labels)), the labels in a set's
-order, so a query with golds of different grades can get another gold's grade (for str names the set's order
-follows PYTHONHASHSEED, so its graded nDCG changes from run to run). Here each label keeps its own grade; the two
-agree whenever a query's golds share one grade (binary qrels) or the set keeps the labels' order.
+cut at k. RankingMetrics pairs rel_scores with list(set(labels)), the labels in a set's order, so a query with
+golds of different grades can get another gold's grade. Here label i takes grade i, and the reader decides the
+order (readers/mmeb_v2_data.vlm2vec_pairing): for ViDoRe's integer ids, whose set order is fixed, the golds come
+in that order, so the graded nDCG is VLM2Vec's own, pairing and all; for string ids (VisRAG), whose set order
+follows PYTHONHASHSEED and changes from run to run in VLM2Vec, each gold keeps its own grade.
 """
 import collections
 import textwrap
@@ -225,16 +226,11 @@ def metrics_from_rankings(rankings, labels, rel_scores=None, ks=(1, 5, 10)):
 
 def ranking_metrics(scores, candidate_names, labels, rel_scores=None, local=None, ks=(1, 5, 10)):
     """A task's scores (Q, K) over its pool -> VLM2Vec's metric dict (metrics_from_rankings), ranked as eval.py
-    ranks (rank: the pool when local is None, else each row's own names). A gold that is not in the pool is a
-    UserError (VLM2Vec's pool holds every row's candidates, so it would be a reader's bug); a gold in the pool but
-    outside its row's local names is a miss, as in VLM2Vec."""
+    ranks (rank: the pool when local is None, else each row's own names). A gold that no ranking holds (not in the
+    pool, or outside its row's local names) is a miss, as in VLM2Vec: its rows whose answer is none of their options
+    (MVBench's "(@) ..." gold, readers/mmeb_v2_data.py) count so; the reader counts them too."""
     if len(labels) != len(scores):
         raise UserError(f"scores have {len(scores)} queries but there are {len(labels)} label rows")
-    pool = set(candidate_names)
-    for q, gold in enumerate(labels):
-        outside = [name for name in ([gold] if isinstance(gold, str) else gold) if name not in pool]
-        if outside:
-            raise UserError(f"labels: query {q}'s gold {outside[0]!r} is not among candidate_names")
     rankings = rank(scores, candidate_names, local, top=max(checked_ks(ks)))
     return metrics_from_rankings(rankings, labels, rel_scores, ks)
 

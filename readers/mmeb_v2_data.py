@@ -56,9 +56,12 @@ corpus's `image` column (Hugging Face's Image feature: {"bytes", "path"}); SmthS
 positive (INFERRED: it is scored locally on those choices).
 Where this reader differs from VLM2Vec on purpose: it never extracts frames or writes pages (a missing frame
 folder is an error naming it, or a counted skip); moment-retrieval clip folders are taken in natural order, not
-os.listdir's (which only breaks ties differently); a row VLM2Vec would crash on or could never score (an answer
-not among the options, no or two positive clips, a query without a qrel above 0) is a bad row; hidden files
-(macOS '._' companions) are never frames; ids are read as text (ViDoRe's int corpus-id 5 is named "5").
+os.listdir's (which only breaks ties differently); a row VLM2Vec would crash on or score by chance (a Video-MME
+letter naming no option, no or two positive clips, a query without a qrel above 0) is a bad row, while one whose
+answer is none of its options (SmthSmthV2, MVBench, ActivityNetQA) is kept and scored a miss, as there, and
+counted (report["unreachable"]); hidden files (macOS '._' companions) are never frames; ids are read as text
+(ViDoRe's int corpus-id 5 is named "5"; their set order, which VLM2Vec's graded nDCG depends on, is kept:
+vlm2vec_pairing).
 """
 import collections
 import hashlib
@@ -290,9 +293,7 @@ def video_classification(record, root, task):
     query = item(prompt(CLS_INSTRUCTIONS[task.extra["dataset"]], video=True), video=frames)
     names = [label]
     if task.parser == "ssv2":  # the row's own choices (neg_text holds the positive too), scored locally
-        names = strings(record, "neg_text")
-        if label not in names:
-            raise BadRow("neg_text", f"the label {label!r} is not among the row's choices", "label not a choice")
+        names = strings(record, "neg_text")  # a label not among them: a miss, as VLM2Vec scores it (counted)
     return query, [(name, item(name)) for name in names], [label]
 
 
@@ -389,18 +390,16 @@ def egoschema(record, root, task):
 
 def mvbench(record, root, task):
     options, answer = strings(record, "candidates"), string(record, "answer")
-    if answer not in options:
-        raise BadRow("answer", f"{answer!r} is none of the candidates", "answer not an option")
     frames = video_frames(os.path.join(root, record["subset"], string(record, "video")), "video")
     text, lettered = with_options(qa_prompt(string(record, "question")), options)
-    gold = len(options) - 1 - options[::-1].index(answer)  # qa_template keeps the last equal candidate
-    return item(text, video=frames), [(o, item(o)) for o in lettered], [lettered[gold]]
+    # qa_template keeps the last equal candidate; an answer none of them equals is "(@) answer" there (the letter
+    # before A), which no option is: a miss
+    gold = lettered[len(options) - 1 - options[::-1].index(answer)] if answer in options else f"(@) {answer}"
+    return item(text, video=frames), [(o, item(o)) for o in lettered], [gold]
 
 
 def activitynetqa(record, root, task):
-    answer = string(record, "answer")
-    if answer not in ("yes", "no"):
-        raise BadRow("answer", f"expected 'yes' or 'no', got {answer!r}", "answer not an option")
+    answer = string(record, "answer")  # other than yes or no: a miss, as VLM2Vec scores it (counted)
     frames = video_frames(os.path.join(root, "v_" + string(record, "video_name")), "video_name")
     query = item(qa_prompt(string(record, "question") + "? (A) yes; (B) no."), video=frames)
     return query, [(o, item(o)) for o in ("yes", "no")], [answer]
@@ -508,6 +507,8 @@ def read_video_task(v2_dir, name, task, skip_bad_rows):
             query_ids.append(str(count - 1))
             labels.append(gold)
             local.append([n for n, _ in candidates])
+            if not set(gold) & set(local[-1]):  # an answer none of the row's options is: scored a miss, as VLM2Vec
+                report["unreachable"] = report.get("unreachable", 0) + 1
             for candidate_name, candidate in candidates:
                 pool.add(candidate_name, candidate)
     if task.parser == "video_classification":  # the corpus: every class, after the rows' own labels
@@ -543,6 +544,18 @@ def page_bytes(found):
     return data
 
 
+def vlm2vec_pairing(golds, int_ids):
+    """A query's golds in the order VLM2Vec's RankingMetrics pairs them with its grades (rel_scores, in the qrels'
+    order): list(set(golds)). For integer ids (ViDoRe's) that order is fixed, CPython's set of those ints built in
+    the qrels' order, so its published graded nDCG carries it: the golds are put in that order here, and grade i
+    goes to gold i as there (a gold may so take another's grade, as it does in VLM2Vec; binary qrels are unaffected).
+    For string ids (VisRAG's) the set's order follows PYTHONHASHSEED and changes from run to run: each gold keeps its
+    own grade, which is VLM2Vec's reading whenever its set keeps the qrels' order."""
+    if not int_ids:
+        return golds
+    return [str(i) for i in set(int(g) for g in golds)]
+
+
 def read_visdoc_task(v2_dir, name, task, skip_bad_rows):
     """BEIR's three configs: qrels (score > 0 kept, the larger of a repeated pair), the corpus (pages from
     files beside it when there, else its bytes), then the queries (of one language, where asked)."""
@@ -560,6 +573,7 @@ def read_visdoc_task(v2_dir, name, task, skip_bad_rows):
             yield path, location, record
 
     qrels = {}  # query-id -> {corpus-id: score}, in the qrels' order
+    int_ids = True  # ViDoRe's corpus-ids are integers (int64), VisRAG's strings: see vlm2vec_pairing
     for path, location, record in config_rows("qrels", ("query-id", "corpus-id", "score")):
         try:
             if isinstance(record, BadRow):
@@ -571,6 +585,7 @@ def read_visdoc_task(v2_dir, name, task, skip_bad_rows):
         except BadRow as error:
             bad_row(report, name, path, location, error, skip_bad_rows)
             continue
+        int_ids = int_ids and isinstance(record["corpus-id"], int)
         if score > 0:
             scores = qrels.setdefault(query_id, {})
             scores[corpus_id] = max(scores.get(corpus_id, 0), score)
@@ -620,8 +635,8 @@ def read_visdoc_task(v2_dir, name, task, skip_bad_rows):
             continue
         queries.append(item(prompt(PAGE_QUERY, text)))
         query_ids.append(query_id)
-        labels.append(list(relevant))
-        rel_scores.append([float(s) for s in relevant.values()])
+        labels.append(vlm2vec_pairing(list(relevant), int_ids))
+        rel_scores.append([float(s) for s in relevant.values()])  # the qrels' order
         for corpus_id in relevant:
             pool.add(corpus_id, pages.get(corpus_id) or os.path.join(root, page_file(task.parser, corpus_id)))
     for corpus_id, source in pages.items():

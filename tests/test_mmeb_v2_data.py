@@ -197,8 +197,11 @@ def test_vidore_labels_are_the_graded_qrels_above_0_and_the_pool_the_whole_corpu
         "Find a document image that matches the given query: Which figure shows the loss curve?",
         "Find a document image that matches the given query: What is the accuracy in Table 2?"]
     assert task["query_ids"] == ["0", "1"]
-    assert task["labels"] == [["11", "10"], ["12", "10"]]  # page 12's score-0 qrel is no label of query 0
-    assert task["rel_scores"] == [[1.0, 2.0], [1.0, 1.0]]  # 11's repeated pair keeps its larger score
+    # page 12's score-0 qrel is no label of query 0; 11's repeated pair keeps its larger score. The grades stay in
+    # the qrels' order (11: 1.0, 10: 2.0) and the golds take list(set(int ids))'s order, as VLM2Vec's RankingMetrics
+    # pairs them: its published nDCG gives page 10 the grade 1.0 and page 11 the grade 2.0
+    assert task["labels"] == [["10", "11"], ["10", "12"]] == [[str(i) for i in set(ids)] for ids in ([11, 10], [12, 10])]
+    assert task["rel_scores"] == [[1.0, 2.0], [1.0, 1.0]]
     assert task["candidate_names"] == ["11", "10", "12", "13"] and len(task["candidates"]) == 4
     page = task["candidates"][0]
     assert page["text"] == "<|image_1|> Understand the content of the provided document image."
@@ -259,3 +262,25 @@ def test_a_query_with_no_qrel_above_0_is_a_bad_row(tmp_path):
     assert task["candidate_names"] == ["11", "10", "12", "13"]  # the corpus stays whole
     with pytest.raises(UserError, match="not an MMEB-V2 video or visdoc task"):
         read_v2_task(v2, "ImageNet-1K")
+
+
+def test_an_answer_none_of_the_options_is_a_miss_as_vlm2vec_scores_it(tmp_path):
+    # VLM2Vec keeps such rows: MVBench's qa_template names the gold "(@) answer" (the letter before A), SmthSmthV2's
+    # and ActivityNetQA's golds are their label; no ranking holds them, so they count as misses, not as skipped rows
+    from readers.mmeb_v2_data import V2_TASKS, activitynetqa, mvbench, video_classification
+    root = str(tmp_path)
+    for folder in ("episodic_reasoning/clip.mp4", "v_walk", "ssv2_1"):
+        downloads.frame_folder(os.path.join(root, folder))
+    _, candidates, gold = mvbench({"subset": "episodic_reasoning", "video": "clip.mp4", "question": "Who?",
+                                   "candidates": ["a cat", "a dog"], "answer": "a bird"}, root, V2_TASKS["MVBench"])
+    assert gold == ["(@) a bird"] and [n for n, _ in candidates] == ["(A) a cat", "(B) a dog"]
+    _, candidates, gold = activitynetqa({"video_name": "walk", "question": "Is it raining", "answer": "maybe"}, root,
+                                        V2_TASKS["ActivityNetQA"])
+    assert gold == ["maybe"] and [n for n, _ in candidates] == ["yes", "no"]
+    _, candidates, gold = video_classification({"video_id": "ssv2_1", "pos_text": "Pushing", "neg_text": ["Pulling"]},
+                                               root, V2_TASKS["SmthSmthV2"])
+    assert gold == ["Pushing"] and [n for n, _ in candidates] == ["Pulling"]
+    from readers import mmeb_v2
+    assert mmeb_v2.ranking_metrics([[0.9, 0.1]], ["(A) a cat", "(B) a dog"], [gold]) == pytest.approx(
+        mmeb_v2.ranking_metrics([[0.9, 0.1]], ["(A) a cat", "(B) a dog"], [["(C) none"]]))
+    assert mmeb_v2.ranking_metrics([[0.9, 0.1]], ["(A) a cat", "(B) a dog"], [gold])["hit@10"] == 0.0
