@@ -540,12 +540,12 @@ def beir(folder, split, corpus, qrels, queries, id_type, score_type, card=True, 
 
 
 def mmeb_v2_visdoc(base):
-    """base/data/MMEB-V2 with three visdoc sets: vidore/arxivqa_test_subsampled_beir (int ids, float graded
+    """base/data/MMEB-V2 with four visdoc sets: vidore/arxivqa_test_subsampled_beir (int ids, float graded
     qrels with a score-0 pair and a repeated pair, pages only in the corpus's bytes, README configs: CONFIRMED
     layout and dtypes), vidore/esg_reports_v2 (queries in two languages, no README; the multilingual task's pages
     also under visdoc-tasks/esg_reports_v2_multilingual/<id>.png, VLM2Vec's image_root), and
     openbmb/VisRAG-Ret-Test-ArxivQA (split train, string ids, one page as a file under Qwen's
-    visdoc-tasks/images/VisRAG_ArxivQA/ named by VisRAG's md5 rule). -> v2_dir"""
+    visdoc-tasks/images/VisRAG_ArxivQA/ named by VisRAG's md5 rule), and VLM2Vec/MMLongBench-doc (OOD). -> v2_dir"""
     root = os.path.join(base, "data", "MMEB-V2")
     sizes = {10: (30, 40), 11: (31, 41), 12: (32, 42), 13: (33, 43)}
     beir(f"{root}/annotations/arxivqa_test_subsampled_beir", "test",
@@ -567,6 +567,10 @@ def mmeb_v2_visdoc(base):
     base_name, ext = os.path.splitext(long_id)
     touch(f"{root}/visdoc-tasks/images/VisRAG_ArxivQA/"
           f"{base_name[:50]}_{hashlib.md5(long_id.encode()).hexdigest()[:8]}{ext}", jpeg_bytes())
+    # the OOD family: VLM2Vec/MMLongBench-doc, read by the same parser as ViDoRe (its BEIR layout INFERRED from
+    # VLM2Vec's vidore parser loading it with the same three configs)
+    beir(f"{root}/annotations/MMLongBench-doc", "test", [(1, jpeg_bytes()), (2, jpeg_bytes((20, 30)))],
+         [(0, 2, 1)], [(0, "Which page has the revenue table?")], pa.int64(), pa.int64())
     return root
 
 
