@@ -34,7 +34,7 @@ in length-sorted batches. Under torchrun each rank encodes a strided share and t
 rank scores all rows, rank 0 prints and writes. Each finished dataset is kept in <stem>_datasets/, keyed to the
 checkpoint, its embedding spec and every setting that changes a score: a rerun reads it back.
 
-MMEB-V2 (v2_dir): its video and visual-document tasks (readers/mmeb_v2_data.py) are ranked as VLM2Vec-V2 ranks
+MMEB-V2 (v2_dir): its video and visual-document tasks (readers/mmeb_v2_rows.py) are ranked as VLM2Vec-V2 ranks
 them, over a task's de-duplicated pool or each row's own candidates, and scored by its metrics (readers/mmeb_v2.py:
 hit@1 for video, nDCG@5 with the qrels' grades for documents, and the rest at 1, 5 and 10); an image task's hit@1
 comes from its P@1 run, whose scores it ranks. The table and the JSON's "mmeb_v2" give family, modality and
@@ -64,7 +64,8 @@ import loss
 from common import UserError
 from readers import mmeb, mmeb_v2
 from readers.evaluation import eval_files, find_eval_datasets, read_eval_dataset
-from readers.mmeb_v2_data import V2_TASKS as V2_READERS, find_v2_tasks, read_v2_task
+from readers.mmeb_v2_data import V2_TASKS as V2_READERS, find_v2_tasks
+from readers.mmeb_v2_rows import read_v2_task
 from readers.records import summary
 from runs.checkpoint import fingerprint
 from runs.export import add_evaluation, load_for_inference
@@ -371,7 +372,7 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
 
 
 # -----------------------------------------------------------------------------
-# MMEB-V2's video and visual-document tasks: read by readers/mmeb_v2_data.py, ranked and scored as VLM2Vec-V2
+# MMEB-V2's video and visual-document tasks: read by readers/mmeb_v2_rows.py, ranked and scored as VLM2Vec-V2
 # does by readers/mmeb_v2.py; the 36 image tasks are the datasets above, their hit@1 beside their P@1
 
 def which_v2_tasks(v2_dir, wanted, log):
@@ -409,7 +410,7 @@ def which_v2_tasks(v2_dir, wanted, log):
 
 
 def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, rank=0, world_size=1):
-    """One video or visual-document task (a readers.mmeb_v2_data task dict) -> its result: VLM2Vec's metrics
+    """One video or visual-document task (a readers.mmeb_v2_rows task dict) -> its result: VLM2Vec's metrics
     (fractions: hit@k, ndcg_linear@k, ... for k = 1, 5, 10), the counts and the speed. Its queries and its
     de-duplicated pool are each encoded once (under torchrun a strided share per rank, gathered), scored (Q, M) as
     training scores them, and ranked over the pool (eval_type global) or each row's own candidates (local)."""

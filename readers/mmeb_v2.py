@@ -1,7 +1,7 @@
 """
 readers/mmeb_v2.py: what this project knows of MMEB-V2's benchmark and how VLM2Vec-V2 scores it: the 78 scored
 tasks (modality, family, headline metric, eval_type), VLM2Vec's ranking and RankingMetrics restated, and the
-family / modality / all-task means. readers/mmeb_v2_data.py reads the tasks from disk.
+family / modality / all-task means. readers/mmeb_v2_rows.py reads the tasks from disk.
 
     V2_TASKS["MSR-VTT"]    # V2Task(modality='video', family='VID_RET', metric='hit@1', eval_type='global')
     ranking_metrics(scores, task["candidate_names"], task["labels"], task["rel_scores"], task["local"])
@@ -41,7 +41,7 @@ gold in the top k; ndcg_{linear,exponential}@k = DCG / ideal DCG with gain rel o
 log2(rank + 1), rel the graded qrels (rel_scores) when given, else 1 per gold; the ideal is the golds' rels sorted,
 cut at k. RankingMetrics pairs rel_scores with list(set(labels)), the labels in a set's order, so a query with
 golds of different grades can get another gold's grade. Here label i takes grade i, and the reader decides the
-order (readers/mmeb_v2_data.vlm2vec_pairing): for ViDoRe's integer ids, whose set order is fixed, the golds come
+order (readers/mmeb_v2_rows.vlm2vec_pairing): for ViDoRe's integer ids, whose set order is fixed, the golds come
 in that order, so the graded nDCG is VLM2Vec's own, pairing and all; for string ids (VisRAG), whose set order
 follows PYTHONHASHSEED and changes from run to run in VLM2Vec, each gold keeps its own grade.
 """
@@ -228,7 +228,7 @@ def ranking_metrics(scores, candidate_names, labels, rel_scores=None, local=None
     """A task's scores (Q, K) over its pool -> VLM2Vec's metric dict (metrics_from_rankings), ranked as eval.py
     ranks (rank: the pool when local is None, else each row's own names). A gold that no ranking holds (not in the
     pool, or outside its row's local names) is a miss, as in VLM2Vec: its rows whose answer is none of their options
-    (MVBench's "(@) ..." gold, readers/mmeb_v2_data.py) count so; the reader counts them too."""
+    (MVBench's "(@) ..." gold, readers/mmeb_v2_rows.py) count so; the reader counts them too."""
     if len(labels) != len(scores):
         raise UserError(f"scores have {len(scores)} queries but there are {len(labels)} label rows")
     rankings = rank(scores, candidate_names, local, top=max(checked_ks(ks)))

@@ -298,7 +298,7 @@ def plain_rows(root, rows=260):
 
 
 # -----------------------------------------------------------------------------
-# MMEB-V2 video and visdoc tasks (readers/mmeb_v2_data.py)
+# MMEB-V2 video and visdoc tasks (readers/mmeb_v2_data.py, readers/mmeb_v2_rows.py)
 #
 # annotations/<repo>/ is where this project asks a user to `huggingface-cli download --repo-type dataset
 # <owner>/<repo> --local-dir` each annotation set (ASSUMED: no download was possible here). The file layouts

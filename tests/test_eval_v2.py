@@ -16,7 +16,7 @@ import torch
 import eval as evaluation
 from common import UserError
 from readers import mmeb_v2
-from readers.mmeb_v2_data import read_v2_task
+from readers.mmeb_v2_rows import read_v2_task
 from tests import downloads
 from tests.toyrun import ROOT
 

@@ -1,5 +1,5 @@
 """
-readers/mmeb_v2_data.py on miniature MMEB-V2 downloads (tests/downloads.py): per parser, the query and candidate
+readers/mmeb_v2_rows.py and readers/mmeb_v2_data.py on miniature MMEB-V2 downloads (tests/downloads.py): per parser, the query and candidate
 texts, names, labels, local lists and pool that VLM2Vec-V2's parser builds from the same rows (the expected values
 written out from reading src/data/eval_dataset/*.py), the annotation files chosen (README configs, folders, split
 words), frames, pages from files or bytes, and bad rows.
@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from common import UserError
-from readers.mmeb_v2_data import MVBENCH_SUBSETS, find_v2_tasks, read_v2_task
+from readers.mmeb_v2_data import MVBENCH_SUBSETS, find_v2_tasks
+from readers.mmeb_v2_rows import read_v2_task
 from tests import downloads
 
 P = ("Given a video and a question, select the most accurate answer from the provided candidates. Return only the "
@@ -268,7 +269,8 @@ def test_a_query_with_no_qrel_above_0_is_a_bad_row(tmp_path):
 def test_an_answer_none_of_the_options_is_a_miss_as_vlm2vec_scores_it(tmp_path):
     # VLM2Vec keeps such rows: MVBench's qa_template names the gold "(@) answer" (the letter before A), SmthSmthV2's
     # and ActivityNetQA's golds are their label; no ranking holds them, so they count as misses, not as skipped rows
-    from readers.mmeb_v2_data import V2_TASKS, activitynetqa, mvbench, video_classification
+    from readers.mmeb_v2_data import V2_TASKS
+    from readers.mmeb_v2_rows import activitynetqa, mvbench, video_classification
     root = str(tmp_path)
     for folder in ("episodic_reasoning/clip.mp4", "v_walk", "ssv2_1"):
         downloads.frame_folder(os.path.join(root, folder))
