@@ -64,8 +64,8 @@ import loss
 from common import UserError
 from readers import mmeb, mmeb_v2
 from readers.evaluation import eval_files, find_eval_datasets, read_eval_dataset
-from readers.mmeb_v2_data import V2_TASKS as V2_READERS, find_v2_tasks
-from readers.mmeb_v2_rows import read_v2_task
+from readers.mmeb_v2_data import V2_TASKS as V2_READERS
+from readers.mmeb_v2_rows import check_v2_tasks, read_v2_task, select_v2_tasks
 from readers.records import summary
 from runs.checkpoint import fingerprint
 from runs.export import add_evaluation, load_for_inference
@@ -375,40 +375,6 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
 # MMEB-V2's video and visual-document tasks: read by readers/mmeb_v2_rows.py, ranked and scored as VLM2Vec-V2
 # does by readers/mmeb_v2.py; the 36 image tasks are the datasets above, their hit@1 beside their P@1
 
-def which_v2_tasks(v2_dir, wanted, log):
-    """v2_tasks (task keys, families, 'video' / 'visdoc'; [] = all) -> (tasks to score, found there). A task named
-    but not there is an error; of 'all', those not there are reported missing in the table."""
-    present, partial = find_v2_tasks(v2_dir)
-    scored = [n for n in present if V2_READERS[n].extra.get("scored", True)]
-    for name, lack in partial.items():
-        log(f"{name}: not scored, {lack}")
-    if not wanted:
-        if not scored:
-            raise UserError(f"v2_dir: no MMEB-V2 video or visdoc task found in {v2_dir} (see README: the data)")
-        return scored
-    names = []
-    for want in wanted:
-        key = mmeb_v2.task_key(want)
-        if want in ("video", "visdoc"):
-            group = mmeb_v2.MODALITIES[want]
-        elif want in mmeb_v2.FAMILIES and mmeb_v2.V2_TASKS[mmeb_v2.FAMILIES[want][0]].modality != "image":
-            group = mmeb_v2.FAMILIES[want]
-        elif key in V2_READERS:
-            group = (key,)
-        elif key or want == "image" or want in mmeb_v2.FAMILIES:
-            raise UserError(f"v2_tasks: {want!r} is an image task or family: the image tasks are read from mmeb_dir")
-        else:
-            families = [f for f, names in mmeb_v2.FAMILIES.items() if mmeb_v2.V2_TASKS[names[0]].modality != "image"]
-            raise UserError(f"v2_tasks: {want!r} is no MMEB-V2 video or visdoc task, family ({', '.join(families)}) "
-                            "or modality (video, visdoc)")
-        names += [n for n in group if n not in names]
-    absent = [n for n in names if n not in present]
-    if absent:
-        raise UserError(f"v2_tasks: not in {v2_dir}: {', '.join(absent)}" +
-                        "".join(f"\n  {n}: {partial[n]}" for n in absent if n in partial))
-    return names
-
-
 def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, rank=0, world_size=1):
     """One video or visual-document task (a readers.mmeb_v2_rows task dict) -> its result: VLM2Vec's metrics
     (fractions: hit@k, ndcg_linear@k, ... for k = 1, 5, 10), the counts and the speed. Its queries and its
@@ -490,25 +456,6 @@ def v2_section(per_task, image_results):
     results = {**{n: {"hit@1": r["v2_hit_at_1"] / 100, "num_queries": r["num_queries"]}
                   for n, r in image_results.items() if n in mmeb_v2.V2_TASKS}, **per_task}
     return {"results": results, **mmeb_v2.aggregate_v2(results)}
-
-
-def check_v2(names, v2_dir, skip_bad_rows, log):
-    """--check_data=True with v2_dir: every V2 task read as the evaluation reads it. -> problems (strings)"""
-    problems = []
-    for name in names:
-        try:
-            report = read_v2_task(v2_dir, name, True)["report"]
-        except UserError as error:
-            problems.append(str(error))
-            continue
-        log(f"{name}: {report['rows']} rows, {report['queries']} queries, {report['candidates']} candidates"
-            + (f", skipped {summary(report['skipped'])}" if report["skipped"] else ""))
-        if report["skipped"] and not skip_bad_rows:
-            problems.append(f"{name}: bad rows {summary(report['skipped'])} (--skip_bad_rows=True skips them), "
-                            f"e.g. {next(iter(report['examples'].values()))}")
-        if not report["queries"]:
-            problems.append(f"{name}: no usable rows")
-    return problems
 
 
 def scores_section(per_dataset, missing, is_mmeb):
@@ -601,11 +548,11 @@ def main(argv=None):
     log = print if rank == 0 else (lambda *a, **k: None)
     mmeb_names, other_names, omitted, missing = (which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets,
                                                                 log) if mmeb_dir else ([], [], [], []))
-    v2_names = which_v2_tasks(v2_dir, v2_tasks, log) if v2_dir else []
+    v2_names = select_v2_tasks(v2_dir, v2_tasks, log) if v2_dir else []
     if check_data:
         code = check(mmeb_names + other_names, mmeb_dir, image_dir, skip_bad_rows, instructions, allow_any_image_path,
                      log) if mmeb_dir else 0
-        problems = check_v2(v2_names, v2_dir, skip_bad_rows, log)
+        problems = check_v2_tasks(v2_names, v2_dir, skip_bad_rows, log)
         if v2_dir:
             verdict = ("the evaluation would NOT run:\n  " + "\n  ".join(problems)) if problems else \
                 "the evaluation would run"

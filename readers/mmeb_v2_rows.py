@@ -4,6 +4,7 @@ says which and where), built as VLM2Vec-V2's parser builds it: the query texts a
 candidate pool, the gold names, graded relevances (visdoc) and, for eval_type local, each row's own candidates.
 
     task = read_v2_task("data/MMEB-V2", "MSR-VTT")     # the dict below; skip_bad_rows=True counts bad rows instead
+    select_v2_tasks("data/MMEB-V2", ["VID_QA"])        # eval.py's v2_tasks -> task keys; check_v2_tasks: --check_data
     task["queries"][0]     # {"text": "Find a video that contains the following visual content: a cat", ...}
     task["candidates"][0]  # {"text": "<|video_1|> Understand the content of the provided video.", "image": None,
                            #  "video": [".../video7020/frame_0001.jpg", ...]}: every frame of the folder, sorted
@@ -27,12 +28,13 @@ from collections.abc import Sequence
 from PIL import Image
 
 from common import UserError
+from readers import mmeb_v2
 from readers.hf_files import annotation_files, rows
 from readers.mmeb_v2_data import (CLS_INSTRUCTIONS, LABELS, MRET_QUERY, PAGE_QUERY, PAGE_TARGET, RETRIEVAL,
                                   SEEKER_QUERY, SEEKER_TARGET, V2_TASKS, VIDEO_TARGET, annotation_folder, bad_row,
-                                  first_root, index, item, natural_key, new_report, prompt, qa_prompt, string,
-                                  strings, unlettered, value, video_frames, with_options)
-from readers.records import BadRow, is_junk
+                                  find_v2_tasks, first_root, index, item, natural_key, new_report, prompt, qa_prompt,
+                                  string, strings, unlettered, value, video_frames, with_options)
+from readers.records import BadRow, is_junk, summary
 
 # -----------------------------------------------------------------------------
 # one row -> (query item, [(candidate name, candidate item), ...] as the row lists them, gold names)
@@ -384,3 +386,56 @@ def read_v2_task(v2_dir, name, skip_bad_rows=False):
     task = V2_TASKS[name]
     read = read_video_task if task.family.startswith("VID") else read_visdoc_task
     return read(os.fspath(v2_dir), name, task, skip_bad_rows)
+
+
+def select_v2_tasks(v2_dir, wanted, log=print):
+    """eval.py's v2_tasks (task keys, families, 'video' / 'visdoc'; [] = every scored one found) -> the tasks to
+    score. A task named but not in v2_dir is an error naming what it lacks; log says which tasks are half there."""
+    present, partial = find_v2_tasks(v2_dir)
+    scored = [n for n in present if V2_TASKS[n].extra.get("scored", True)]
+    for name, lack in partial.items():
+        log(f"{name}: not scored, {lack}")
+    if not wanted:
+        if not scored:
+            raise UserError(f"v2_dir: no MMEB-V2 video or visdoc task found in {v2_dir} (see README: the data)")
+        return scored
+    names = []
+    for want in wanted:
+        key = mmeb_v2.task_key(want)
+        if want in ("video", "visdoc"):
+            group = mmeb_v2.MODALITIES[want]
+        elif want in mmeb_v2.FAMILIES and mmeb_v2.V2_TASKS[mmeb_v2.FAMILIES[want][0]].modality != "image":
+            group = mmeb_v2.FAMILIES[want]
+        elif key in V2_TASKS:
+            group = (key,)
+        elif key or want == "image" or want in mmeb_v2.FAMILIES:
+            raise UserError(f"v2_tasks: {want!r} is an image task or family: the image tasks are read from mmeb_dir")
+        else:
+            families = [f for f, names in mmeb_v2.FAMILIES.items() if mmeb_v2.V2_TASKS[names[0]].modality != "image"]
+            raise UserError(f"v2_tasks: {want!r} is no MMEB-V2 video or visdoc task, family ({', '.join(families)}) "
+                            "or modality (video, visdoc)")
+        names += [n for n in group if n not in names]
+    absent = [n for n in names if n not in present]
+    if absent:
+        raise UserError(f"v2_tasks: not in {v2_dir}: {', '.join(absent)}" +
+                        "".join(f"\n  {n}: {partial[n]}" for n in absent if n in partial))
+    return names
+
+
+def check_v2_tasks(names, v2_dir, skip_bad_rows, log=print):
+    """--check_data=True with v2_dir: every V2 task read as the evaluation reads it. -> problems (strings)"""
+    problems = []
+    for name in names:
+        try:
+            report = read_v2_task(v2_dir, name, True)["report"]
+        except UserError as error:
+            problems.append(str(error))
+            continue
+        log(f"{name}: {report['rows']} rows, {report['queries']} queries, {report['candidates']} candidates"
+            + (f", skipped {summary(report['skipped'])}" if report["skipped"] else ""))
+        if report["skipped"] and not skip_bad_rows:
+            problems.append(f"{name}: bad rows {summary(report['skipped'])} (--skip_bad_rows=True skips them), "
+                            f"e.g. {next(iter(report['examples'].values()))}")
+        if not report["queries"]:
+            problems.append(f"{name}: no usable rows")
+    return problems

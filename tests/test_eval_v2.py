@@ -16,7 +16,7 @@ import torch
 import eval as evaluation
 from common import UserError
 from readers import mmeb_v2
-from readers.mmeb_v2_rows import read_v2_task
+from readers.mmeb_v2_rows import read_v2_task, select_v2_tasks
 from tests import downloads
 from tests.toyrun import ROOT
 
@@ -112,16 +112,16 @@ def test_image_tasks_carry_vlm2vec_v2s_hit_at_1_beside_p_at_1(tiny_embedder):
 
 def test_tasks_are_chosen_by_key_family_or_modality(v2_dir):
     log = lambda *a, **k: None  # noqa: E731
-    assert evaluation.which_v2_tasks(v2_dir, ["MSR-VTT"], log) == ["MSR-VTT"]
-    qa = evaluation.which_v2_tasks(v2_dir, ["VID_QA"], log)
+    assert select_v2_tasks(v2_dir, ["MSR-VTT"], log) == ["MSR-VTT"]
+    qa = select_v2_tasks(v2_dir, ["VID_QA"], log)
     assert qa == [n for n in mmeb_v2.FAMILIES["VID_QA"]]
-    everything = evaluation.which_v2_tasks(v2_dir, [], log)
+    everything = select_v2_tasks(v2_dir, [], log)
     assert set(qa) <= set(everything) and all(mmeb_v2.V2_TASKS[n].modality != "image" for n in everything)
     assert "ViDoRe_biomedical_lectures_v2" not in everything  # VLM2Vec runs it, no MMEB-V2 mean has it
     with pytest.raises(UserError, match="image task"):
-        evaluation.which_v2_tasks(v2_dir, ["ImageNet-1K"], log)
+        select_v2_tasks(v2_dir, ["ImageNet-1K"], log)
     with pytest.raises(UserError, match="no MMEB-V2 video or visdoc task"):
-        evaluation.which_v2_tasks(v2_dir, ["MSRVTT"], log)
+        select_v2_tasks(v2_dir, ["MSRVTT"], log)
 
 
 def test_check_data_reads_every_task_and_fails_on_a_missing_frame_folder(v2_dir, tmp_path):
