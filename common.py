@@ -434,6 +434,15 @@ def image_name(image):
 # videos: an item's "video" is a list of frames (file paths or PIL images), in order; model.Preprocessor sizes, times
 # and cuts them as transformers' Qwen3-VL video processor does, with VideoProcessor (that class needs torchvision)
 
+def largest(fits, low, high):
+    """The largest integer in [low, high] for which fits holds, by bisection: fits(low) holds, and fits holds up to
+    some value and not past it (a pixel budget whose resized grid still fits its room)."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
 def frame_choice(count, budget):
     """Indices of the frames a video of `count` frames keeps under a budget of `budget`: all of them when they are
     no more (never padded), else `budget` spread evenly from the first to the last, truncated to integers as
@@ -536,13 +545,9 @@ class VideoProcessor:
         def sized(low, high):  # (h, w) in pixels
             return video_smart_resize(num_frames, height, width, temporal, factor, low, high)
         h, w = sized(self.size["shortest_edge"], self.size["longest_edge"])
-        if most is not None and (h // factor) * (w // factor) > most > 0:  # h, w grow with the budget: bisect it
-            low, high = 1, 4 * most * (num_frames + temporal) * factor**2  # sized(0, 1): one merged patch a frame
-            while low < high:
-                middle = (low + high + 1) // 2
-                fits = math.prod(x // factor for x in sized(0, middle)) <= most
-                low, high = (middle, high) if fits else (low, middle - 1)
-            h, w = sized(0, low)
+        if most is not None and (h // factor) * (w // factor) > most > 0:  # h, w grow with the budget
+            fits = lambda budget: math.prod(x // factor for x in sized(0, budget)) <= most  # noqa: E731
+            h, w = sized(0, largest(fits, 1, 4 * most * (num_frames + temporal) * factor**2))  # fits(1): 1 a frame
         return -(-num_frames // temporal), h // self.patch_size, w // self.patch_size
 
     def timestamps(self, num_frames, fps):

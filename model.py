@@ -46,7 +46,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 from common import (IMAGE_MARKER, VIDEO_MARKER, Progress, UserError, VideoProcessor, check_video,  # noqa: F401
-                    frame_choice, image_name, image_size, load_image, video_name)
+                    frame_choice, image_name, image_size, largest, load_image, video_name)
 
 SPEC_FILE = "embedding_spec.json"  # beside the weights of every step folder and export: the EmbeddingSpec
 
@@ -219,10 +219,8 @@ class Preprocessor:
             room -= min(sum(map(len, self.text_ids(text, IMAGE_MARKER))), room // 2)
             if (h // factor) * (w // factor) > room > 0:  # the largest budget whose grid fits: h, w grow with it
                 fits = lambda b: math.prod(x // factor for x in smart_resize(height, width, factor, 0, b)) <= room  # noqa: E731
-                low, high = factor**2, 4 * room * factor**2  # fits(low): one merged patch
-                while low < high:
-                    low, high = ((low + high + 1) // 2, high) if fits((low + high + 1) // 2) else (low, (low + high + 1) // 2 - 1)
-                h, w = smart_resize(height, width, factor, 0, low)
+                budget = largest(fits, factor**2, 4 * room * factor**2)  # fits(factor**2): one merged patch
+                h, w = smart_resize(height, width, factor, 0, budget)
         return h // self.patch_size, w // self.patch_size
 
     def video_grid(self, num_frames, height, width, text=None):
