@@ -141,14 +141,6 @@ def which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log):
 # -----------------------------------------------------------------------------
 # distinct items, encoding, scoring
 
-def item_key(item):
-    """What makes two items one: the text and the image or frames (paths; an image in memory by its identity)."""
-    media = lambda x: os.fspath(x) if isinstance(x, (str, os.PathLike)) else id(x)  # noqa: E731
-    image, video = item.get("image"), item.get("video")
-    return (item.get("text") or "", None if image is None else media(image),
-            None if not video else tuple(media(frame) for frame in video))
-
-
 class Share(Sequence):
     """items[indices[k]] as the k-th item, looked up when asked: a visual-document pool builds each page when
     it is read, so a rank's share never holds every page's pixels at once."""
@@ -169,7 +161,8 @@ def distinct_items(rows):
     items, position = [], {}
 
     def index(side):
-        key = item_key(side)
+        image = side.get("image")
+        key = (side.get("text") or "", os.fspath(image) if isinstance(image, (str, os.PathLike)) else id(image))
         if key not in position:
             position[key] = len(items)
             items.append(side)
@@ -383,8 +376,7 @@ def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, r
     queries, pool = task["queries"], task["candidates"]
     if not queries or not len(pool):
         raise UserError(f"{task['name']}: no queries or no candidates")
-    items = Share([*queries, *pool] if isinstance(pool, list) else Joined(queries, pool),
-                  range(len(queries) + len(pool)))
+    items = Joined(queries, pool)  # (Q + M) items, a visual-document pool's built when read
     start = time.time()
     embeddings, shrunk = encode_shared(embedder, items, batch_size, num_workers, rank, world_size, task["name"])
     seconds = time.time() - start
