@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from common import UserError
-from readers.mmeb import MMEB_DATASETS
+from readers.mmeb import MMEB_DATASETS, mean
 
 V2Task = collections.namedtuple("V2Task", "modality family metric eval_type")
 HEADLINE = {"image": "hit@1", "video": "hit@1", "visdoc": "ndcg_linear@5"}  # report_score_v2.py's modality2metric
@@ -237,10 +237,6 @@ def ranking_metrics(scores, candidate_names, labels, rel_scores=None, local=None
 
 # -----------------------------------------------------------------------------
 # the benchmark's means
-
-def mean(values):
-    return sum(values) / len(values) if values else None
-
 
 def coverage(names, scores):
     """{"mean", "present", "missing", "total"} of the tasks `names` over scores {key: percent}."""

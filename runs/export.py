@@ -46,13 +46,13 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     for name in HF_SIDE_FILES:
         if os.path.isfile(os.path.join(spec.backbone, name)):
             shutil.copyfile(os.path.join(spec.backbone, name), os.path.join(tmp_dir, name))  # the mode is the umask's
-    budget = lambda processor: dict(processor, size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels})  # noqa: E731
-    video_budget = lambda processor: dict(processor, size={"shortest_edge": spec.video_min_pixels,  # noqa: E731
-                                                           "longest_edge": spec.video_max_pixels})
-    edit_json(os.path.join(tmp_dir, "preprocessor_config.json"), budget)
-    edit_json(os.path.join(tmp_dir, "video_preprocessor_config.json"), video_budget)
+    def budget(kind):  # "" (the image processor) or "video_": its size becomes the spec's pixel budget
+        return lambda processor: dict(processor, size={"shortest_edge": getattr(spec, f"{kind}min_pixels"),
+                                                       "longest_edge": getattr(spec, f"{kind}max_pixels")})
+    edit_json(os.path.join(tmp_dir, "preprocessor_config.json"), budget(""))
+    edit_json(os.path.join(tmp_dir, "video_preprocessor_config.json"), budget("video_"))
     edit_json(os.path.join(tmp_dir, "processor_config.json"), lambda processor: dict(processor, **{
-        key: change(processor[key]) for key, change in (("image_processor", budget), ("video_processor", video_budget))
+        key: budget(kind)(processor[key]) for key, kind in (("image_processor", ""), ("video_processor", "video_"))
         if key in processor}))
     tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
     stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
