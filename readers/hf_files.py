@@ -16,7 +16,7 @@ import re
 import yaml
 
 from common import UserError
-from readers.records import BadRow, is_junk, read_records
+from readers.records import BadRow, is_junk, json_lines, read_records
 
 DATA_SUFFIXES = (".parquet", ".json", ".jsonl")
 SPLIT_WORDS = {"train": ("train", "training"), "test": ("test", "testing", "eval", "evaluation"),
@@ -130,28 +130,22 @@ def annotation_files(folder, config, split):
 
 
 def json_records(path):
-    """(location, record) of a .json file: a JSON array of objects, or JSON Lines."""
+    """(location, record) of a .json file: a JSON array of objects, or JSON Lines (readers.records.json_lines)."""
+    with open(path, "rb") as f:
+        first = next((byte for byte in iter(lambda: f.read(1), b"") if not byte.isspace()), b"")
+        data = f.read() if first == b"[" else None  # after the "[": an array is read whole, lines one by one
+    if data is None:
+        yield from json_lines(path)
+        return
+    data = first + data
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        records = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise UserError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    if text.lstrip().startswith("["):
-        try:
-            records = json.loads(text)
-        except ValueError as error:
-            raise UserError(f"{path}: not a JSON array: {str(error)[:120]}") from None
-        for k, record in enumerate(records):
-            yield f"row {k}", record if isinstance(record, dict) else BadRow("<row>", "not a JSON object", "not JSON")
-        return
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                record = json.loads(line)
-            except ValueError as error:
-                record = BadRow("<line>", f"not JSON: {str(error)[:120]}", "not JSON")
-            yield f"line {number}", record if isinstance(record, (dict, BadRow)) else \
-                BadRow("<line>", "not a JSON object", "not JSON")
+    except ValueError as error:
+        raise UserError(f"{path}: not a JSON array: {str(error)[:120]}") from None
+    for k, record in enumerate(records):
+        yield f"row {k}", record if isinstance(record, dict) else BadRow("<row>", "not a JSON object", "not JSON")
 
 
 def rows(files, columns, limit=None):

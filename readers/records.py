@@ -88,28 +88,35 @@ class BadRow(UserError):
         self.reason = reason
 
 
+def json_lines(path, max_rows=None):
+    """(location, record) of each line of a JSON Lines file, at most max_rows of them; a line that is not a UTF-8
+    JSON object comes as (location, BadRow), one bad row, not a crash."""
+    count = 0
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row
+        for line_number, line in enumerate(f, 1):
+            if max_rows is not None and count >= max_rows:
+                return
+            if not line.strip():
+                continue
+            count += 1
+            try:
+                record = json.loads(line.decode("utf-8"))
+                if not isinstance(record, dict):
+                    raise ValueError("not a JSON object")
+            except UnicodeDecodeError as error:
+                record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
+            except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
+                record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
+            yield f"line {line_number}", record
+
+
 def read_records(path, columns, max_rows=None):
     """(location, record) of each row of a .jsonl or .parquet file, at most max_rows of them. A line that is not
     UTF-8 JSON comes as (location, BadRow) so the caller can raise or skip it."""
-    count = 0
     if path.endswith(".jsonl"):
-        with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not a crash
-            for line_number, line in enumerate(f, 1):
-                if max_rows is not None and count >= max_rows:
-                    return
-                if not line.strip():
-                    continue
-                count += 1
-                try:
-                    record = json.loads(line.decode("utf-8"))
-                    if not isinstance(record, dict):
-                        raise ValueError("not a JSON object")
-                except UnicodeDecodeError as error:
-                    record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
-                except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
-                    record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
-                yield f"line {line_number}", record
+        yield from json_lines(path, max_rows)
         return
+    count = 0
     try:
         table = pq.ParquetFile(path)
     except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds
