@@ -190,7 +190,8 @@ def kernel_report(device):
             return False
     fla = bound("fla.ops.gated_delta_rule", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
     conv = bound("causal_conv1d", ["causal_conv1d_fn", "causal_conv1d_update"])
-    where = "as expected on a CPU" if device.type == "cpu" else "slow on a GPU: pip install -r requirements-gpu.txt"
+    where = ("as expected on a CPU" if device.type == "cpu"
+             else "slow on a GPU: pip install -r requirements-gpu.txt; on Hopper fla needs triton >= 3.7.1")
     return (f"kernels: Gated DeltaNet {'flash-linear-attention' if fla else 'PyTorch reference'}, causal conv1d "
             f"{'causal_conv1d' if conv else 'PyTorch reference (F.conv1d)'}"
             + ("" if fla and conv else f" ({where})"))
