@@ -1,9 +1,7 @@
 """
-common.py: what every script needs around its work (nanochat's common.py in spirit): the process and its device,
-progress lines, one-line errors for the mistakes a user must fix, atomic writes, lock files, Weights & Biases, image
-files read as a viewer shows them, a video's frames sized, timed and cut as Qwen3-VL's video processor does it
-(VideoProcessor: that class needs torchvision), and the conventions of the data every layer shares (IMAGE_MARKER,
-VIDEO_MARKER, the frames a video keeps). It imports no other module of this project, so every module may import it.
+common.py: the process around every script's work (nanochat's common.py in spirit): the process group and the
+device, progress lines, one-line errors for the mistakes a user must fix, output that never stops a run, atomic
+writes and lock files. It imports no other module of this project, so every module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
@@ -15,23 +13,16 @@ row, a refused out_dir): install_error_hook() prints it as `error: message` and 
 (a bug, a library's failure) keeps its whole traceback. PACE_TRACEBACK=1 keeps the traceback of UserError too.
 """
 import contextlib
-import dataclasses
 import datetime
 import json
 import math
 import os
 import re
-import socket
 import sys
 import time
 import uuid
 
-import numpy as np
 import torch
-from PIL import Image, ImageOps
-
-IMAGE_MARKER = "<|image_1|>"  # in an item's text (MMEB's and mmE5's rows): where the item's image goes
-VIDEO_MARKER = "<|video_1|>"  # in an item's text: where the item's video (a list of frames) goes
 
 
 class UserError(ValueError):
@@ -88,38 +79,21 @@ def stuck_ranks():
             "rank 0's message names the rank that does not answer"
 
 
-def on_rank_zero(function):
+def on_rank_zero(function, rank, world_size):
     """function() on rank 0 of the process group (or the one process); its result, or the UserError it raised, on
     every rank alike, so that all ranks go on or stop together."""
     import torch.distributed as dist
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     result = [None, None]
-    if not distributed or dist.get_rank() == 0:
+    if rank == 0:
         try:
             result[0] = function()
         except UserError as error:
             result[1] = str(error)
-    if distributed:
+    if world_size > 1:
         dist.broadcast_object_list(result, src=0)
     if result[1]:
         raise UserError(result[1])
     return result[0]
-
-
-def shared_rows(compute, n, rank, world_size):
-    """compute(row indices) -> a tuple of tensors (one row per index), run by rank r on rows r::world_size and
-    gathered, so that every rank ends with all n rows (eval.py's and tools/mine.py's embeddings and pools)."""
-    parts = compute(list(range(rank, n, world_size)))
-    if world_size == 1:
-        return parts
-    import torch.distributed as dist
-    shares = [None] * world_size
-    dist.all_gather_object(shares, parts)  # CPU tensors, pickled: no padding to equal sizes needed
-    whole = [torch.empty((n,) + part.shape[1:], dtype=part.dtype) for part in parts]
-    for r, share in enumerate(shares):
-        for tensor, part in zip(whole, share):
-            tensor[r::world_size] = part
-    return tuple(whole)
 
 
 @contextlib.contextmanager
@@ -188,46 +162,6 @@ def install_error_hook():
         print(f"error: {message}", file=sys.stderr, flush=True)
 
     sys.excepthook = hook
-
-
-class SturdyStream:
-    """sys.stdout or sys.stderr whose writes never raise: after the first that fails (a pipe whose reader is gone,
-    as tee is after Ctrl-C; a log file on a full disk; a terminal that closed) the stream's file descriptor points at
-    /dev/null, so the rest of the output, and the flush at exit, go nowhere and the run goes on: a stop signal
-    still ends in its checkpoint and exit code."""
-
-    def __init__(self, stream):
-        self.stream, self.broken = stream, False
-
-    def write(self, text):
-        if not self.broken:
-            try:
-                return self.stream.write(text)
-            except (OSError, ValueError):
-                self.lost()
-        return len(text)
-
-    def flush(self):
-        if not self.broken:
-            try:
-                self.stream.flush()
-            except (OSError, ValueError):
-                self.lost()
-
-    def lost(self):
-        self.broken = True
-        try:  # what the stream still buffers then goes nowhere too, so no later flush of it can fail
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
-        except (OSError, ValueError):
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
-
-def sturdy_output():
-    """Make sys.stdout and sys.stderr SturdyStreams (train.py: nothing printed may stop a run)."""
-    sys.stdout, sys.stderr = (s if isinstance(s, SturdyStream) else SturdyStream(s) for s in (sys.stdout, sys.stderr))
 
 
 def one_line_message(error):
@@ -299,291 +233,3 @@ def write_text(path, text, since=None):
 def write_json(path, value, since=None):
     """Write JSON atomically, indented (tuples become lists)."""
     write_text(path, json.dumps(value, indent=2) + "\n", since)
-
-
-# -----------------------------------------------------------------------------
-# lock files: one run of an out_dir (runs/outdir.py), one writer of a prepared table (readers/training.py)
-
-def lock_record(**fields):
-    """What a lock file holds of the process taking it: its host, pid and start time (process_start), and fields."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid()), **fields}
-
-
-def read_lock(path):
-    """A lock file's record (lock_record), or None when there is none or it is empty (being written, or cut short)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def process_start(pid):
-    """When process pid started (clock ticks since boot, /proc/<pid>/stat), so a pid the system reused for another
-    process is told apart; None when there is no such process. Without /proc: True while the pid exists."""
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command in parentheses
-    except FileNotFoundError:
-        return None
-    except OSError:
-        try:
-            os.kill(int(pid), 0)
-            return True
-        except OSError:
-            return None
-
-
-def alive_here(record):
-    """True when a lock's process runs on this host: its pid exists and started when the lock says."""
-    if record.get("host") != socket.gethostname():
-        return False
-    try:
-        started = process_start(record["pid"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    return started is not None and started == record.get("process_start", started)
-
-
-# -----------------------------------------------------------------------------
-# Weights & Biases
-
-def wandb_run_id(out_dir, resuming):
-    """The Weights & Biases run id of out_dir's run: when resuming, the one out_dir/wandb_run_id keeps; else a new
-    one, kept there. So a resumed run logs into the same W&B run, and a fresh one starts its own."""
-    path = os.path.join(out_dir, "wandb_run_id")
-    if resuming and os.path.isfile(path):
-        with open(path) as f:
-            return f.read().strip()
-    run_id = uuid.uuid4().hex[:16]
-    write_text(path, run_id + "\n")
-    return run_id
-
-
-def start_wandb(out_dir, resuming, project, name, config):
-    """Start, or when resuming continue, out_dir's W&B run. -> the wandb module. Imported only when asked for."""
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("wandb_log=True needs the wandb package: pip install wandb (then wandb login)") from None
-    wandb.init(project=project, name=name, id=wandb_run_id(out_dir, resuming), resume="allow", config=config)
-    return wandb
-
-
-# -----------------------------------------------------------------------------
-# image files, read as a viewer shows them (model.Preprocessor's input)
-
-def load_image(image):
-    """A path or PIL image -> an RGB PIL image as a viewer shows it: EXIF orientation applied, 16-bit and
-    floating-point pixels scaled to 8 bits, transparent pixels laid on white (not black)."""
-    if isinstance(image, (str, os.PathLike)):
-        try:
-            with Image.open(image) as opened:
-                opened.load()
-                image = ImageOps.exif_transpose(opened)  # a copy, rotated as the camera was held
-        except Exception as error:  # missing, unreadable, truncated, not an image, over Pillow's pixel limit
-            raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
-    elif isinstance(image, Image.Image) and image.getexif().get(0x0112, 1) != 1:  # 0x0112: EXIF orientation
-        image = ImageOps.exif_transpose(image)
-    if not isinstance(image, Image.Image):
-        raise UserError(f"an image must be a file path or a PIL image, got {type(image).__name__}")
-    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-        image = Image.fromarray(eight_bit(np.asarray(image)))
-    if image.mode == "RGB":
-        return image
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA", "PA"):
-        background = Image.new("RGB", image.size, (255, 255, 255))
-        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
-        return background
-    return image.convert("RGB")
-
-
-def eight_bit(pixels):
-    """(H, W) greyscale of more than 8 bits -> uint8: integers span 0..65535 (16-bit PNG, TIFF), floats 0..1
-    when all lie within it (else they are read as 0..255, as Pillow would)."""
-    values = np.nan_to_num(pixels.astype(np.float64))
-    if np.issubdtype(pixels.dtype, np.integer):
-        values = values * (255 / 65535)
-    elif values.size and values.min() >= 0 and values.max() <= 1:
-        values = values * 255
-    return np.clip(np.round(values), 0, 255).astype(np.uint8)
-
-
-def image_size(image):
-    """(width, height) of a PIL image or an image file, reading only the file's header."""
-    if isinstance(image, Image.Image):
-        return image.size
-    try:
-        with Image.open(image) as opened:
-            width, height = opened.size
-            if opened.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # shown turned by 90 degrees
-                width, height = height, width
-            return width, height
-    except Exception as error:
-        raise UserError(f"cannot read image {os.fspath(image)!r}: {error}") from None
-
-
-def image_name(image):
-    """How an error names an image: its path, quoted, or '(in memory)'."""
-    return repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else "(in memory)"
-
-
-# -----------------------------------------------------------------------------
-# videos: an item's "video" is a list of frames (file paths or PIL images), in order; model.Preprocessor sizes, times
-# and cuts them as transformers' Qwen3-VL video processor does, with VideoProcessor (that class needs torchvision)
-
-def largest(fits, low, high):
-    """The largest integer in [low, high] for which fits holds, by bisection: fits(low) holds, and fits holds up to
-    some value and not past it (a pixel budget whose resized grid still fits its room)."""
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return low
-
-
-def frame_choice(count, budget):
-    """Indices of the frames a video of `count` frames keeps under a budget of `budget`: all of them when they are
-    no more (never padded), else `budget` spread evenly from the first to the last, truncated to integers as
-    VLM2Vec's process_video_frames picks them (np.linspace(..., dtype=int)): 64 frames, 8 kept -> 0, 9, 18, ..., 63."""
-    if count <= budget:
-        return list(range(count))
-    return np.linspace(0, count - 1, budget, dtype=int).tolist()
-
-
-def check_video(video):
-    """A video as an item holds it -> the list of its frames; a UserError when it is not a non-empty list of frame
-    paths or PIL images."""
-    if not isinstance(video, (list, tuple)) or not video:
-        kind = "an empty list" if isinstance(video, (list, tuple)) else type(video).__name__
-        raise UserError(f"a video must be a non-empty list of frames (file paths or PIL images), got {kind}")
-    for frame in video:
-        if not isinstance(frame, (str, os.PathLike, Image.Image)):
-            raise UserError(f"a video's frames must be file paths or PIL images, got {type(frame).__name__}")
-    return list(video)
-
-
-def video_name(frames):
-    """How an error names a video: its first frame (image_name) and how many frames it has."""
-    return f"{image_name(frames[0])} (the first of {len(frames)} frames)"
-
-
-def video_smart_resize(num_frames, height, width, temporal, factor, min_pixels, max_pixels):
-    """The frame size Qwen3-VL's video processor resizes a video to: sides multiples of `factor` (patch * merge),
-    aspect ratio kept, and the pixels of all its frames (num_frames rounded to the temporal patch, times h * w) within
-    [min_pixels, max_pixels]: the budget is the whole video's, not a frame's. A side under `factor` is first scaled up
-    to it. transformers refuses fewer frames than the temporal patch; one frame is sized here as the pair it pads to."""
-    num_frames = max(num_frames, temporal)
-    if min(height, width) < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"frame aspect ratio {height}x{width} is more than 200")
-    h, w = round(height / factor) * factor, round(width / factor) * factor
-    t = round(num_frames / temporal) * temporal
-    if t * h * w > max_pixels:
-        beta = math.sqrt(num_frames * height * width / max_pixels)
-        h = max(factor, math.floor(height / beta / factor) * factor)
-        w = max(factor, math.floor(width / beta / factor) * factor)
-    elif t * h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h, w
-
-
-@dataclasses.dataclass(frozen=True)
-class VideoProcessor:
-    """A checkpoint's video processor settings (Qwen3VLVideoProcessor's defaults for what its JSON leaves out) and
-    what that processor does with a video's frames: their size (grid), the timestamps, the uint8 patches and the
-    pixel values of each byte. size: the pixel budget of a whole video, t * h * w."""
-    patch_size: int = 16
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    size: dict = dataclasses.field(default_factory=lambda: {"shortest_edge": 128 * 1024, "longest_edge": 768 * 1024})
-    resample: int = 3  # PIL's BICUBIC
-    do_rescale: bool = True
-    rescale_factor: float = 1 / 255
-    do_normalize: bool = True
-    image_mean: tuple = (0.5, 0.5, 0.5)
-    image_std: tuple = (0.5, 0.5, 0.5)
-
-    @classmethod
-    def from_pretrained(cls, path):
-        """The settings in a local folder, found where transformers looks: processor_config.json's "video_processor",
-        else video_preprocessor_config.json, else preprocessor_config.json (the image processor's); none: defaults."""
-        for name in ("processor_config.json", "video_preprocessor_config.json", "preprocessor_config.json"):
-            file = os.path.join(path, name)
-            try:
-                with open(file) as f:
-                    settings = json.load(f)
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError) as error:
-                raise UserError(f"{file}: not a processor config ({error})") from None
-            settings = settings.get("video_processor") if name == "processor_config.json" else settings
-            if settings is None:
-                continue
-            size = settings.get("size", cls().size)
-            if settings.get("do_resize") is False or settings.get("cap_pixels_per_frame"):
-                raise UserError(f"{file}: a video processor with do_resize false or cap_pixels_per_frame true is not "
-                                "supported (model.Preprocessor resizes as Qwen3VLVideoProcessor does by default)")
-            if not isinstance(size, dict) or not {"shortest_edge", "longest_edge"} <= set(size):
-                raise UserError(f"{file}: a video processor's size names shortest_edge and longest_edge, not {size!r}")
-            known = {field.name for field in dataclasses.fields(cls)} - {"size"}
-            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items() if k in known},
-                       size={"shortest_edge": size["shortest_edge"], "longest_edge": size["longest_edge"]})
-        return cls()
-
-    def grid(self, num_frames, height, width, most=None):
-        """(grid_t, grid_h, grid_w) in patches of num_frames frames of this size after resizing (video_smart_resize
-        within size's budget); grid_t counts temporal patches, the frames padded to whole ones. most: when a temporal
-        patch would take more merged patches than that (tokens), the largest size that takes no more: smart_resize
-        under the largest budget, without a minimum, that gives it (one merged patch a frame at the least)."""
-        factor, temporal = self.patch_size * self.merge_size, self.temporal_patch_size
-
-        def sized(low, high):  # (h, w) in pixels
-            return video_smart_resize(num_frames, height, width, temporal, factor, low, high)
-        h, w = sized(self.size["shortest_edge"], self.size["longest_edge"])
-        if most is not None and (h // factor) * (w // factor) > most > 0:  # h, w grow with the budget
-            fits = lambda budget: math.prod(x // factor for x in sized(0, budget)) <= most  # noqa: E731
-            h, w = sized(0, largest(fits, 1, 4 * most * (num_frames + temporal) * factor**2))  # fits(1): 1 a frame
-        return -(-num_frames // temporal), h // self.patch_size, w // self.patch_size
-
-    def timestamps(self, num_frames, fps):
-        """The text before each temporal patch of num_frames frames taken at fps ("<0.2 seconds>"), timed as
-        transformers' Qwen3-VL processor times them: the frame indices 0..num_frames-1 padded to the temporal patch by
-        repeating the last, each patch at the mean of its first and last frame's seconds. 8 frames, 2 fps: 0.25, 1.25,
-        2.25 and 3.25 seconds, written "<0.2 seconds>", "<1.2 seconds>", ... (Python rounds halves to even)."""
-        temporal = self.temporal_patch_size
-        indices = list(range(num_frames)) + [num_frames - 1] * (-num_frames % temporal)
-        seconds = [(indices[k] / fps + indices[k + temporal - 1] / fps) / 2 for k in range(0, len(indices), temporal)]
-        return [f"<{s:.1f} seconds>" for s in seconds]
-
-    def patches(self, frames, grid):
-        """RGB PIL frames -> (grid_t * grid_h * grid_w, 3 * temporal * patch * patch) uint8 patches. Each frame is
-        resized to the grid's size with PIL and the configured resampling, where transformers resizes with torchvision
-        (antialiased, on tensors, its own rounding), which the core may not import: a resized frame's bytes differ a
-        little from its (tests/test_peers.py measures how much); a frame already at that size is kept as it is, as
-        there. The frames are padded to a whole temporal patch by repeating the last, then cut in its order: temporal
-        patch, merge group, merged patch, then (channel, frame, row, column) within a patch."""
-        temporal, patch, merge = self.temporal_patch_size, self.patch_size, self.merge_size
-        grid_t, grid_h, grid_w = grid
-        size = (grid_w * patch, grid_h * patch)
-        frames = [f if f.size == size else f.resize(size, resample=self.resample) for f in frames]
-        frames += frames[-1:] * (grid_t * temporal - len(frames))  # an odd count: the last frame twice
-        x = torch.from_numpy(np.stack([np.asarray(f) for f in frames])).permute(0, 3, 1, 2)  # (T, 3, h, w) uint8
-        x = x.reshape(grid_t, temporal, 3, grid_h // merge, merge, patch, grid_w // merge, merge, patch)
-        x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (grid_t, grid_h/m, grid_w/m, m, m, 3, temporal, patch, patch)
-        return x.reshape(grid_t * grid_h * grid_w, 3 * temporal * patch * patch)
-
-    def pixel_table(self):
-        """(3, 256) float32: each channel's byte value as the video processor rescales and normalises it on tensors,
-        both fused into one (x - mean / rescale) / (std / rescale) in float32, so a lookup gives its pixel values."""
-        values = torch.arange(256, dtype=torch.float32).expand(3, -1)  # (3, 256)
-        mean, std = (torch.tensor(v, dtype=torch.float32)[:, None] for v in (self.image_mean, self.image_std))
-        if self.do_rescale and self.do_normalize:
-            return (values - mean * (1.0 / self.rescale_factor)) / (std * (1.0 / self.rescale_factor))
-        if self.do_normalize:
-            return (values - mean) / std
-        return values * self.rescale_factor if self.do_rescale else values.clone()

@@ -27,6 +27,7 @@ script's MOVED: {key: what to run}). Every mistake is a common.UserError, which 
 import ast
 import copy
 import difflib
+import inspect
 import os
 import re
 import sys
@@ -130,7 +131,7 @@ def configure(namespace, args, positional=None):
     defaults = namespace.setdefault('_config_defaults', copy.deepcopy(config_keys(namespace)))
     config = copy.deepcopy(defaults)
     if '--help' in args or '-h' in args:
-        print_help(namespace.get('__file__', ''), namespace.get('__doc__') or '', config)
+        print_help(namespace.get('__file__', ''), namespace.get('__doc__') or '', config, namespace)
         sys.exit(0)
     args = list(args)
     while args:
@@ -157,22 +158,24 @@ def configure(namespace, args, positional=None):
     return config
 
 
-def key_comments(script):
-    """{key: its one-line comment} read from a script's source: the comment on the line that assigns it."""
-    if not script or not os.path.isfile(script):
-        return {}
+def key_comments(*sources):
+    """{key: its one-line comment} read from source files: the comment on the line that assigns it, a script's
+    `key = value  # comment` or a dataclass field's `key: type = value  # comment` (the first source's wins)."""
     comments = {}
-    with open(script, encoding="utf-8") as f:
-        for line in f:
-            match = re.match(r"(\w+) = .*?  # (.*)$", line.rstrip())
-            if match and match.group(1) not in comments:
-                comments[match.group(1)] = match.group(2)
+    for source in sources:
+        if source and os.path.isfile(source):
+            with open(source, encoding="utf-8") as f:
+                for line in f:
+                    match = re.match(r"(?:(\w+)|\s+(\w+): [^=]+) = .*?  # (.*)$", line.rstrip())
+                    if match:
+                        comments.setdefault(match.group(1) or match.group(2), match.group(3))
     return comments
 
 
-def print_help(script, doc, config):
+def print_help(script, doc, config, namespace=None):
     """`python SCRIPT --help`: the start of the script's docstring (what it is, how to run it), then every
-    `key = default  # comment`."""
+    `key = default  # comment`; keys a script takes from a dataclass (train.py's from model.EmbeddingSpec) have the
+    comments of its fields."""
     folder, name = os.path.split(os.path.abspath(script)) if script else ("", "this script")
     if os.path.isfile(os.path.join(folder, "__init__.py")):  # a folder's script runs as python -m folder.script
         command = f"python -m {os.path.basename(folder)}.{os.path.splitext(name)[0]}"
@@ -181,7 +184,8 @@ def print_help(script, doc, config):
     head = doc.strip().split("\n\n")[:2]
     print("\n\n".join(head) + "\n" if head and head[0] else "", end="")
     print(f"\nusage: {command} [config/FILE.py ...] [--key=value ...]   (later arguments win)\n")
-    print_config(config, key_comments(script))
+    dataclasses = [value for value in (namespace or {}).values() if hasattr(value, "__dataclass_fields__")]
+    print_config(config, key_comments(script, *(inspect.getsourcefile(value) for value in dataclasses)))
 
 
 def print_config(config, comments=None):

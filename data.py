@@ -1,7 +1,6 @@
 """
-data.py: the prepared training table into model inputs: the table (memory-mapped), the training dataset with the
-fill of missing negatives, the resumable rank-sharded sampler, the least-padding cut of a batch into forward calls,
-and the collate.
+data.py: the prepared training table into model inputs: the memory-mapped table, the dataset with the fill of missing
+negatives, the resumable rank-sharded sampler, the least-padding cut of a batch into forward calls, the collate.
 
     table = TrainTable("data/tables/mmE5-....arrow")         # readers/training.py converts the downloads into it
     dataset = TrainDataset(table, preprocessor, num_hard_negatives=5, seed=1337)   # model.Preprocessor
@@ -12,14 +11,11 @@ and the collate.
         ...
         sampler.position += 1  # this batch is consumed; sampler.state_dict() goes into the checkpoint
 
-The table is an Arrow IPC file read with a memory map: every rank, and every DataLoader worker, reads the same
-pages of the page cache instead of holding its own copy, and opening it costs milliseconds. One row a query:
-its text and image, its positive's, its hard negatives' (as many as the download gave, hardest first), the
-judge's scores where a judge scored them, its subset and where in which file it came from; a JSON file beside
-it keeps the sources, each subset's rows and what reading it found (readers/records.SourceReport). Each row
-ends with exactly num_hard_negatives negatives when it is read: the first ones kept, missing ones drawn from the
-candidates of other rows of the same subset (seeded by the seed, the subset and the row, so a row always gets
-the same ones).
+The table is an Arrow IPC file read through a memory map: every rank and DataLoader worker reads the same pages of
+the page cache, and opening it costs milliseconds. One row a query: its text and image, its positive's, its hard
+negatives' (hardest first), a judge's scores, its subset and source; a JSON file beside it keeps the sources and each
+subset's report (readers/records.SourceReport). A row read has exactly num_hard_negatives negatives: the first kept,
+missing ones drawn from other rows of its subset (seeded by the seed, the subset and the row).
 """
 import functools
 import json
@@ -99,7 +95,7 @@ class TrainTable:
                 "source": f"{self.info['files'][get('file')]} {get('location')}", "judge": get("judge")}
 
 
-def filled(table, i, num_negatives, seed):
+def row_with_negatives(table, i, num_negatives, seed):
     """Row i of table with exactly num_negatives = K negatives. More than K: the first K are kept (mined negatives
     come hardest first), and a judged row's scores with them. Fewer: the rest are drawn from the original
     candidates (positive or negatives) of other rows of the same subset, by random.Random(f"{seed}/{subset
@@ -154,7 +150,7 @@ class TrainDataset(torch.utils.data.Dataset):
         for k in range(len(self.table)):
             j = (i + k) % len(self.table)
             try:
-                row = filled(self.table, j, self.num_hard_negatives, self.seed)
+                row = row_with_negatives(self.table, j, self.num_hard_negatives, self.seed)
                 return dict(self.prepare(row), row=j, skipped=skipped, judge=row["judge"])
             except ValueError as error:
                 if not self.skip_bad_rows:

@@ -69,6 +69,7 @@ from readers.mmeb_v2_rows import check_v2_tasks, read_v2_task, select_v2_tasks
 from readers.records import summary
 from runs.checkpoint import fingerprint
 from runs.export import add_evaluation, load_for_inference
+from runs.outdir import start_wandb
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
@@ -175,6 +176,22 @@ def distinct_items(rows):
     return items, query_index, candidate_index
 
 
+def shared_rows(compute, n, rank, world_size):
+    """compute(row indices) -> a tuple of tensors (one row per index), run by rank r on rows r::world_size and
+    gathered, so that every rank ends with all n rows (eval.py's and tools/mine.py's embeddings and pools)."""
+    parts = compute(list(range(rank, n, world_size)))
+    if world_size == 1:
+        return parts
+    import torch.distributed as dist
+    shares = [None] * world_size
+    dist.all_gather_object(shares, parts)  # CPU tensors, pickled: no padding to equal sizes needed
+    whole = [torch.empty((n,) + part.shape[1:], dtype=part.dtype) for part in parts]
+    for r, share in enumerate(shares):
+        for tensor, part in zip(whole, share):
+            tensor[r::world_size] = part
+    return tuple(whole)
+
+
 def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1, label=""):
     """-> (embeddings (N, D) of all items, how many of their images were shrunk to fit max_length); under torchrun
     rank r encodes items[r::world_size] and the shares are gathered (common.shared_rows), so every rank ends with
@@ -190,15 +207,15 @@ def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1
         seen = len(preprocessor.shrunk)  # num_tokens notes each shrunk image once, as it measures the item
         vectors = embedder.encode(share, batch_size, num_workers, progress=label if rank == 0 else "")  # (n_rank, D)
         return vectors, torch.arange(len(share)) < len(preprocessor.shrunk) - seen  # (n_rank,): a count, gathered
-    embeddings, shrunk = common.shared_rows(encode, len(items), rank, world_size)
+    embeddings, shrunk = shared_rows(encode, len(items), rank, world_size)
     return embeddings, int(shrunk.sum())
 
 
 def candidate_scores(query_emb, cand_emb, cand_index, similarity):
     """query_emb (Q, D), cand_emb (M, D), cand_index (Q, K) into cand_emb (-1: no candidate) -> scores (Q, K),
-    -inf where there is no candidate: the plain dot products of loss.compared vectors, as training scores them.
+    -inf where there is no candidate: the plain dot products of loss.comparison_vectors vectors, as training scores them.
     Row chunks bound the gathered (b, K, D) block."""
-    query_emb, cand_emb = loss.compared(query_emb, similarity), loss.compared(cand_emb, similarity)
+    query_emb, cand_emb = loss.comparison_vectors(query_emb, similarity), loss.comparison_vectors(cand_emb, similarity)
     num_rows, width = cand_index.shape
     scores = torch.empty(num_rows, width)
     rows_per_chunk = max(1, 2**25 // max(1, width * cand_emb.shape[1]))  # about 128 MB of float32
@@ -330,7 +347,7 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
     geometry_size = math.ceil(settings["geometry_samples"] / len(names)) if settings["geometry"] else 0
     keys = {name: dataset_key(name, os.path.join(mmeb_dir, name), embedder.spec, checkpoint_id,
                               dict({k: settings[k] for k in SCORE_KEYS}, geometry_size=geometry_size)) for name in names}
-    kept = common.on_rank_zero(lambda: kept_results(folder, keys, settings["overwrite"]))  # every rank skips the same
+    kept = common.on_rank_zero(lambda: kept_results(folder, keys, settings["overwrite"]), rank, world_size)  # all alike
     workers = common.worker_count(settings["num_workers"])
     per_dataset = {}
     for name in names:
@@ -382,8 +399,8 @@ def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, r
     seconds = time.time() - start
     if not torch.isfinite(embeddings).all():
         raise UserError(f"{task['name']}: the model gave non-finite embeddings")
-    query_emb = loss.compared(embeddings[:len(queries)], similarity)  # (Q, D)
-    pool_emb = loss.compared(embeddings[len(queries):], similarity)  # (M, D)
+    query_emb = loss.comparison_vectors(embeddings[:len(queries)], similarity)  # (Q, D)
+    pool_emb = loss.comparison_vectors(embeddings[len(queries):], similarity)  # (M, D)
     scores = (query_emb @ pool_emb.T).float()  # (Q, M), eq. (2) / (1)
     metrics = mmeb_v2.ranking_metrics(scores, task["candidate_names"], task["labels"], task["rel_scores"],
                                       task["local"])
@@ -415,7 +432,8 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
         task = read_v2_task(v2_dir, name, settings["skip_bad_rows"])
         files = sorted(task["report"]["files"])
         key = dataset_key(name, files, embedder.spec, checkpoint_id, keep)
-        kept = common.on_rank_zero(lambda: kept_results(folder, {"v2_" + name: key}, settings["overwrite"]))
+        kept = common.on_rank_zero(lambda: kept_results(folder, {"v2_" + name: key}, settings["overwrite"]), rank,
+                                   world_size)
         if kept:
             per_task[name] = kept["v2_" + name]
             log(f"{name}: kept from an earlier run with the same checkpoint and settings "
@@ -502,7 +520,7 @@ def report(output, out, started, card_folder="", wandb_project=""):
         print(f"added the table to {os.path.join(card_folder, 'README.md')}")
     if wandb_project:
         run_dir = os.path.dirname(os.path.abspath(output["init_from"]))
-        wandb = common.start_wandb(run_dir, True, wandb_project, os.path.basename(run_dir), config)
+        wandb = start_wandb(run_dir, True, wandb_project, os.path.basename(run_dir), config)
         scores = {**output["meta_tasks"], "IND": output["IND"], "OOD": output["OOD"],
                   "overall": output["overall"]} if "meta_tasks" in output else {}
         if "mmeb_v2" in output:  # family, modality and all-task means, under names saying what they cover

@@ -5,9 +5,9 @@ loss.py: the PACE objective. Embeddings in, a loss out; statistics on request.
     terms.loss.backward()
     stats = statistics(terms)        # on log steps: every figure of the log line, one all-reduce
 
-q (N, D) holds this rank's queries, c (M, D) this rank's candidates (its queries' positives, then their
-hard negatives) and targets[i] the index of query i's positive in c. Every query is ranked against the
-candidates of all ranks, gathered with an autograd-aware all-gather; in one process nothing is gathered.
+q (N, D) holds this rank's queries, c (M, D) its candidates (its queries' positives, then their hard negatives),
+targets[i] the index of query i's positive in c. Every query is ranked against the candidates of all ranks, gathered
+with an autograd-aware all-gather.
 
 The equations (paper, Section 3.3):
     s_cos(q, c) = q.c / (|q| |c|)                                        eq. (1), Stage I
@@ -16,32 +16,23 @@ The equations (paper, Section 3.3):
     p_i  = softmax_j(s_cos(q_i, c_j) / tau_w) at the positive: cosine in both stages  eq. (4)
     a_i  = stopgrad[(1 - p_i)^gamma]                                     eq. (5)
     L    = sum_i a_i l_i / sum_i a_i, both sums over the global batch     eqs. (6), (7)
-With gamma = 0 every a_i = 1 and L is plain InfoNCE (the VLM2Vec baseline). pace_loss all-reduces the
-global sum of a_i and the global query count itself (one all-reduce of two numbers a step).
-
-Figure 6(b) compares the focal weight of eq. (5) with three other query weightings. The paper names them
-but gives no formulas; these are this codebase's, each detached and normalised over the global batch
-exactly as eq. (5)'s (weighting=...):
+With gamma = 0 every a_i = 1 and L is plain InfoNCE (the VLM2Vec baseline). Figure 6(b)'s other query weightings
+have no formulas in the paper; these are this codebase's, detached and normalised as eq. (5)'s (weighting=...):
     "focal"           a_i = (1 - p_i)^gamma                                   eq. (5), the default
     "random"          a_i ~ Uniform(0, 1), drawn afresh each step: weighting that knows nothing
     "query_positive"  a_i = ((1 - s_cos(q_i, c_i+)) / 2)^gamma: a positive far from its query is hard
     "query_negative"  a_i = ((1 + max_{j != +} s_cos(q_i, c_j)) / 2)^gamma: a close hardest negative is hard
 
-UniME-V2's judge soft labels (Gu et al., AAAI 2026; mine.py writes the scores). An MLLM judge scored query i's
-own candidates, its positive and its K hard negatives (k = 0..K, positive first), with j_ik = e_yes / (e_yes +
-e_no) in [0, 1]. Given judge_scores, the model's similarity distribution over those same candidates is pulled
-towards the judge's:
+UniME-V2's judge soft labels (Gu et al., AAAI 2026; tools/mine.py writes them): a judge scored query i's positive
+and K hard negatives (k = 0..K) j_ik = e_yes / (e_yes + e_no); the model's distribution over them is pulled to it:
     P_i  = softmax_k(j_ik / tau_j)                                       (U1) the judge's soft labels
     Q_i  = softmax_k(s(q_i, c_ik) / tau)                                 (U2) the model's, eq. (1) or (2), eq. (3)'s tau
     A_i  = 1/2 [KL(P_i || Q_i) + KL(Q_i || P_i)]                         (U3) symmetric
     L    = mu * (focal-weighted InfoNCE of eqs. (6)-(7)) + lambda * (1/N) sum_i A_i, N the global batch's queries  (U4)
-P_i is a constant (the scores are data); Q_i carries the gradient. UniME-V2's released loss (its
-Embedding/src/loss.py) is (U3) alone (mu = infonce_weight = 0, lambda = 1) at tau_j = tau = 0.02 on cosine, and takes
-the log of each distribution where it is the other's reference as log(x + eps), eps = 1e-8 (alignment_floor):
+P_i is data; Q_i carries the gradient. UniME-V2's released loss (config/unime_v2.py) is (U3) alone (mu = 0) at
+tau_j = tau = 0.02 on cosine, each log of the other's reference floored, eps = 1e-8 (alignment_floor), which at that
+tau sets the value more than the distributions do; config/unime_v2_hybrid.py is InfoNCE beside the exact (U3):
     A_i  = 1/2 [sum_k P_ik (log P_ik - log(Q_ik + eps)) + sum_k Q_ik (log Q_ik - log(P_ik + eps))]   (U3')
-At tau = 0.02 most Q_ik and P_ik lie far below 1e-8, so the floor, not the distributions, sets the value there.
-config/unime_v2.py is that objective; config/unime_v2_hybrid.py is this codebase's hybrid, InfoNCE at Stage I's
-tau beside the exact (U3), mu = lambda = 1.
 """
 import warnings
 from typing import NamedTuple, Optional
@@ -77,7 +68,7 @@ class LossTerms(NamedTuple):
     infonce_weight: float  # mu of eq. (U4): 1 without judge scores
 
 
-def compared(x, similarity):
+def comparison_vectors(x, similarity):
     """x (..., D) as `similarity` compares it, in float32: unit vectors for 'cos' (eq. 1), as they are for 'dot'
     (eq. 2). Their plain dot products are then the similarities: similarity_matrix here, eval.py's scores of each
     query's own candidates."""
@@ -92,10 +83,11 @@ def similarity_matrix(q, c, similarity):
     # float32 even inside a bf16 autocast region: logits at tau = 0.1, or raw dot products of
     # norm-30 vectors, lose too much in bf16
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return compared(q, similarity) @ compared(c, similarity).T  # (N, M)
+        return comparison_vectors(q, similarity) @ comparison_vectors(c, similarity).T  # (N, M)
 
 
-def world_rank_and_size():
+def rank_and_world():
+    """(rank, world size) of this process in the process group: (0, 1) outside one."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -108,7 +100,7 @@ def gather_candidates(c):
     """(M, D) local candidates -> (world * M, D) candidates of all ranks, in rank order. Autograd-aware:
     the backward sums every rank's gradient for c back into its owner. Every rank must give the same (M, D):
     the first gather of a shape checks that all do (a clear error instead of a hang), later ones trust it."""
-    rank, world = world_rank_and_size()
+    rank, world = rank_and_world()
     if world == 1:
         return c
     if tuple(c.shape) not in CHECKED_SHAPES:
@@ -187,7 +179,7 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
     alignment joins it, eqs. (U1)-(U4), at judge_temperature tau_j, weights infonce_weight mu and alignment_weight
     lambda, and alignment_floor eps (U3'). -> LossTerms"""
     check_inputs(q, c, targets, weighting, judge_scores, own_candidates)
-    rank, world = world_rank_and_size()
+    rank, world = rank_and_world()
     all_c = gather_candidates(c)  # (world * M, D)
     targets = targets + rank * c.shape[0]  # (N,) index into all_c
     positive = F.one_hot(targets, all_c.shape[0]).bool()  # (N, world * M)
@@ -227,7 +219,7 @@ def logit_spread(terms):
     return (terms.logits.amax(dim=1) - terms.logits.amin(dim=1)).max()
 
 
-def collapsed(terms):
+def collapse_flag(terms):
     """() 1.0 when the embeddings collapsed (logit_spread under COLLAPSE_SPREAD), else 0.0: a float tensor on the
     loss's device, so train.py sums it over the ranks in its one all-reduce of the step."""
     return (logit_spread(terms) < COLLAPSE_SPREAD).float()
@@ -237,7 +229,7 @@ def statistics(terms):
     """What the log line and log.jsonl report, over the global batch, with one all-reduce: the loss L (and with a
     judge its two terms), the means of pi (eq. 3), p (eq. 4) and the norms, positive and negative cosines, the
     range of a_i and logit_spread. -> {name: float}, the same on every rank."""
-    rank, world = world_rank_and_size()
+    rank, world = rank_and_world()
     positive = F.one_hot(terms.targets, terms.logits.shape[1]).bool()  # (N, world * M)
     one = torch.ones((), device=terms.logits.device)
     sums = {"weighted_nll": (terms.weights * terms.nll).sum(), "weight_sum": terms.weights.sum(),

@@ -6,19 +6,14 @@ train.py: both PACE stages, one file, read top to bottom.
     torchrun --nproc_per_node=8 train.py config/stage2.py            # Stage II: merged, full, dot logits, tau 100
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py ...
 
-The defaults below are the paper's Stage I (Table 3); a config file or --key=value changes any of them.
-Stage I trains LoRA adapters on the language model with cosine logits (eq. 1). Stage II starts from a Stage I
-step folder, merges its adapters into the weights (lora.merge_lora) and trains the whole language model with
-dot-product logits (eq. 2). Both weight each query by the Focal Embedding Loss (eqs. 3-7, loss.py), whose
-confidence stays cosine. The vision tower and its merger stay frozen.
-
-A step: each rank embeds its share of the global batch (queries, then their positives and hard negatives),
-loss.py ranks every query against the candidates of all ranks, backward, clip, AdamW (train_step.py). On several
-GPUs the model is sharded with FSDP2 (bf16 parameters, float32 gradient reduction and master weights). The data
-is the prepared table (data.py), converted from the downloads once (readers/training.py) and memory-mapped by
-every rank. Checkpoints (runs/checkpoint.py) hold model, optimizer, data position, RNG, step and config, each file
-checksummed; --resume=True continues the newest intact one exactly. At the end out_dir/export/ gets the merged
-model as a Hugging Face folder with a model card (runs/export.py).
+The defaults below are the paper's Stage I (Table 3); a config file or --key=value changes any of them. Stage I
+trains LoRA adapters on the language model with cosine logits (eq. 1); Stage II merges a Stage I step's adapters
+(lora.merge_lora) and trains the whole language model with dot-product logits (eq. 2); both weight each query by
+the Focal Embedding Loss (eqs. 3-7, loss.py). The vision tower stays frozen. A step: each rank embeds its share of
+the global batch, loss.py ranks every query against the candidates of all ranks, backward, clip, AdamW
+(train_step.py), sharded with FSDP2 on several GPUs. The data is the prepared table (data.py), converted from the
+downloads once (readers/training.py). Checkpoints (runs/checkpoint.py) hold model, optimizer, data position, RNG,
+step and config; --resume=True continues the newest intact one exactly. out_dir/export/ gets the merged model.
 """
 import atexit
 import functools
@@ -46,7 +41,7 @@ from runs import checkpoint, outdir
 from runs.export import check_checkpoint, load_embedder, save_hf_folder
 
 common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a bad row) ends in one line
-common.sturdy_output()  # a closed pipe (| tee, ended by the same Ctrl-C), a full disk or a lost terminal stop nothing
+outdir.sturdy_output()  # a closed pipe (| tee, ended by the same Ctrl-C), a full disk or a lost terminal stop nothing
 # -----------------------------------------------------------------------------
 # config: the paper's Stage I (Table 3); config/*.py files and --key=value override it
 out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json and export/ go here
@@ -67,17 +62,8 @@ instructions = "paper"  # MMEB queries: 'paper' = Table 5's instruction per task
 max_iters = 7847  # optimizer steps: one epoch of ~2.0M rows at batch 256 (docs/experiments.md, "Batch size")
 batch_size = 256  # global queries per step, split evenly over the ranks
 num_hard_negatives = 5  # per query; candidates = all positives + all hard negatives of the global batch
-# the embedding spec (model.EmbeddingSpec: what a vector means; each field but the backbone is the key of its name)
-system_prompt = "Represent the user's input."  # the system turn of the embedding prompt (Appendix A.2)
-pooling = "last_token"  # the embedding: the final-layer hidden state at the prompt's last <|endoftext|>
-similarity = "cos"  # 'cos' (eq. 1, Stage I) or 'dot' (eq. 2, Stage II)
-max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
-max_pixels = 1605632  # image pixel budget
-min_pixels = 0  # 0: the checkpoint's own minimum
-video_frames = 8  # frames a video keeps, spread evenly (VLM2Vec-V2's MMEB-V2 budget)
-video_min_pixels = 0  # a video's pixel budget over all its frames (t * h * w); 0: the checkpoint's own
-video_max_pixels = 0  # 0: the checkpoint's own (its video processor's size)
-video_fps = 2.0  # the frame rate a video's timestamps assume (Qwen3-VL's video processor samples at 2)
+# the embedding spec: every field of model.EmbeddingSpec but the backbone is a key, with the spec's default and comment
+globals().update(EmbeddingSpec.defaults())
 # the loss and the optimizer
 learning_rate = 2e-5  # AdamW peak learning rate
 warmup_ratio = 0.05  # share of max_iters with linear warmup
@@ -120,10 +106,11 @@ wandb_run_name = ""  # W&B run name ('' = out_dir)
 config = configurator.configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
-for key, allowed in (("similarity", loss.SIMILARITIES), ("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")),
-                     ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset")),
-                     ("soft_labels", ("none", "judge")), ("pooling", EmbeddingSpec.POOLINGS)):
+for key, allowed in (("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")), ("soft_labels", ("none", "judge")),
+                     ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset"))):
     configurator.check_choice(key, config[key], allowed)
+spec_fields = {key: config[key] for key in EmbeddingSpec.defaults()}
+EmbeddingSpec(**spec_fields)  # its choices checked now (pooling, similarity, video_frames), before the data
 configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"))
 
 # -----------------------------------------------------------------------------
@@ -161,10 +148,9 @@ def barrier():
         dist.barrier()
 
 
-# out_dir: one run at a time (the lock), never two runs mixed, and clear what a crash left; a bad init_from is
-# refused before anything is written
+# out_dir: one run at a time (the lock), never two runs mixed, what a crash left cleared; a bad init_from refused first
 check_checkpoint(init_from)
-lock = common.on_rank_zero(lambda: outdir.take_lock(out_dir))
+lock = common.on_rank_zero(lambda: outdir.take_lock(out_dir), rank, world_size)
 atexit.register(outdir.release_lock, lock)
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
 earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overwrite=overwrite)  # every rank alike
@@ -173,7 +159,8 @@ if master:
     configurator.print_config(config)
     print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)))
 barrier()
-resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None)
+resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None, rank,
+                                  world_size)
 resumed = checkpoint.read_info(resume_from) if resume_from else {}  # every rank resumes from what rank 0 verified
 if (resume or export_only) and resume_from is None:
     if export_only:
@@ -186,15 +173,14 @@ if resume and not export_only and outdir.finished(resumed, max_iters, checkpoint
     sys.exit(0)
 changed = outdir.resume_changes(resumed.get("config", {}), config, allow_config_change) if resume_from else {}
 if changed:
-    print(f"resuming {resume_from} with changed settings: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+    print(f"resuming {resume_from} with changed settings: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in
+                                                                        changed.items()))
 if master:
     outdir.write_config(os.path.join(out_dir, "config.json"), config, resumed.get("step", 0), changed)
 
 # -----------------------------------------------------------------------------
-# model: a Hugging Face backbone, or a Stage I step folder whose LoRA is merged first (Stage II), under this run's
-# embedding spec (the backbone it descends from is the lineage's)
+# model: a Hugging Face backbone, or a Stage I step folder whose LoRA is merged first (Stage II), under this run's spec
 
-spec_fields = {key: config[key] for key in EmbeddingSpec.fields() if key in config}
 embedder, init_info = load_embedder(init_from, torch.float32, **spec_fields)
 if lora.merge_lora(embedder):  # Stage II from a Stage I step folder: fold its adapters into W
     print(f"merged the LoRA adapters of {init_from}")
@@ -202,13 +188,12 @@ language_model = embedder.model.language_model
 torch.manual_seed(seed)  # identical adapter init on every rank
 if lora_rank > 0:
     wrapped = lora.inject_lora(embedder.model, lora_rank, lora_alpha, lora_dropout)
-else:
-    embedder.requires_grad_(False)
-    language_model.requires_grad_(True)  # full fine-tuning; the vision tower stays frozen
+else:  # full fine-tuning: every parameter (a fork's own too) but the vision tower's
+    embedder.requires_grad_(True)
+    embedder.model.visual.requires_grad_(False)
 torch.manual_seed(seed + rank)
-# Before torch 2.13, FSDP2 skipped the bf16 cast of a recomputed unit's inputs when the checkpoint wrapped the unit
-# (https://github.com/pytorch/pytorch/issues/159359); transformers checkpoints a layer's forward, inside FSDP2's
-# hooks, so these layers always see bf16 inputs.
+# transformers checkpoints a layer's forward inside FSDP2's hooks, so a recomputed layer sees bf16 inputs (FSDP2
+# skipped that cast when the checkpoint wrapped the unit before torch 2.13: pytorch issue 159359)
 if activation_checkpointing:
     embedder.enable_activation_checkpointing()
 embedder.to(run_device)
@@ -220,10 +205,11 @@ num_trainable, num_language = sum(p.numel() for p in trainable), sum(p.numel() f
 print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
     f"rank-{lora_rank} LoRA adapters on {len(wrapped)} linear layers of the {(num_language - num_trainable) / 1e6:.2f}M"
     "-parameter language model" if lora_rank > 0 else "the whole language model") + "; the vision tower is frozen")
-print(train_step.kernel_report(run_device))
+if embedder.family.linear_attention:
+    print(train_step.kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
-loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma, focal_temperature=focal_temperature,
-                 weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
+loss_args = dict(similarity=config["similarity"], temperature=temperature, focal_gamma=focal_gamma,
+                 focal_temperature=focal_temperature, weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
 judged = soft_labels == "judge"
 if judged:
     loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight,
@@ -337,7 +323,7 @@ if master:  # log.jsonl holds this run's steps: a resumed run drops what came af
     with open(log_path, "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in records if record["step"] <= step)
 if wandb_log and master:
-    wandb = common.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
+    wandb = outdir.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
 
 gpu_peak = train_step.peak_flops(run_device)
 window = dict(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=time.time(), step=step)  # since the last line
@@ -391,13 +377,13 @@ while step < max_iters:
     # embeddings collapsed (every logit of a query alike, on every rank), this rank's undecodable rows, whether it
     # has been 30 s since the last line, whether a stop signal came and whether checkpoint_minutes have passed since
     # the last save: every rank then skips, logs, saves and stops at the same steps (each a collective)
-    counts = torch.cat([torch.stack([terms.loss.detach().float() / world_size, loss.collapsed(terms)]),
+    step_totals = torch.cat([torch.stack([terms.loss.detach().float() / world_size, loss.collapse_flag(terms)]),
                         torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30),
                                       float(bool(stop.received)), float(0 < checkpoint_minutes * 60 < time.time() - last_save)],
                                      device=run_device)])
     if distributed:
-        dist.all_reduce(counts)
-    loss_value, collapsed, skipped_now, slow, signalled, save_due = counts.tolist()  # one read back to the host
+        dist.all_reduce(step_totals)
+    loss_value, collapsed, skipped_now, slow, signalled, save_due = step_totals.tolist()  # one read back to the host
     problem = ("a non-finite loss or gradient" if not (math.isfinite(loss_value) and math.isfinite(grad_norm))
                else "collapsed embeddings (every logit of a query alike)" if collapsed == world_size else "")
     if not problem:  # the same verdict on every rank: the loss and the norm are global

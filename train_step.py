@@ -129,7 +129,7 @@ def parameters_finite(trainable):
     local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in trainable)
     device = trainable[0].device if trainable else torch.device("cpu")
     flag = torch.tensor(float(local), device=device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if loss.rank_and_world()[1] > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag)
 
@@ -163,7 +163,8 @@ def step_flops(embedder, chunks, full_finetune):
     per_patch = sum(v for n, v in tower.items() if "merger" not in n)
     per_patch += sum(v for n, v in tower.items() if "merger" in n) / vision.spatial_merge_size ** 2
     attention_width = text.num_attention_heads * text.head_dim
-    full_layers = sum(kind == "full_attention" for kind in text.layer_types)
+    full_layers = sum(kind == "full_attention" for kind in text.layer_types) if embedder.family.linear_attention \
+        else text.num_hidden_layers
     flops = 0.0
     for chunk in chunks:
         lengths = chunk["attention_mask"].sum(dim=1).double()  # (B,)

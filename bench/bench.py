@@ -118,7 +118,7 @@ def train_step_once(step, optimizer, batch):
                                         step["autocast"])
     grad_norm = train_step.clip_gradients(step["trainable"], 1.0)
     # the step's verdict, read back once as train.py reads it (there within the all-reduce every step makes)
-    loss_value, collapsed = torch.stack([terms.loss.detach().float(), loss.collapsed(terms)]).tolist()
+    loss_value, collapsed = torch.stack([terms.loss.detach().float(), loss.collapse_flag(terms)]).tolist()
     if math.isfinite(loss_value) and math.isfinite(grad_norm) and not collapsed:  # train.py skips such an update too
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

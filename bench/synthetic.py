@@ -34,8 +34,8 @@ from PIL import Image
 
 import data
 import lora
-from common import IMAGE_MARKER
-from model import Embedder, smart_resize
+from media import IMAGE_MARKER, smart_resize
+from model import Embedder
 from readers import mmeb
 from readers import training as readers
 from readers.evaluation import find_eval_datasets, read_eval_dataset
@@ -361,7 +361,7 @@ def measure_start(root, image_dir, table_dir, num_negatives, batch_size, seed):
         problems = readers.problems(table.subsets, num_negatives, False)
         print("\n".join(readers.report_lines(table.subsets, num_negatives)))
     sampler = data.ShardedBatchSampler(len(table), batch_size, seed=seed)
-    rows = [data.filled(table, i, num_negatives, seed) for i in next(iter(sampler))]
+    rows = [data.row_with_negatives(table, i, num_negatives, seed) for i in next(iter(sampler))]
     seconds = time.perf_counter() - start
     after_private, after_shared = memory()
     print(json.dumps({"rows": len(table), "seconds": seconds, "private_growth": after_private - private,

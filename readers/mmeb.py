@@ -30,7 +30,8 @@ which for grounding holds the object's label in its sentence.
 import collections
 import os
 
-from common import IMAGE_MARKER, UserError
+from common import UserError
+from media import IMAGE_MARKER
 
 IMAGE_CANDIDATE = IMAGE_MARKER + "\nRepresent the given image."  # MMEB's text beside an image candidate
 GROUNDING_OWN = None  # MMEB-train and MMEB-eval word the grounding instructions differently: none to swap

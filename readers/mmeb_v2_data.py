@@ -56,7 +56,8 @@ import json
 import os
 import re
 
-from common import IMAGE_MARKER, VIDEO_MARKER, UserError
+from common import UserError
+from media import IMAGE_MARKER, VIDEO_MARKER
 from readers.hf_files import data_files
 from readers.records import BadRow, is_junk
 

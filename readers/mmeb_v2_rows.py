@@ -14,7 +14,7 @@ candidates and candidate_names (the pool: every row's candidates and then the co
 in that order), labels (gold names per query), rel_scores (visdoc: the qrels' graded scores, aligned with labels;
 else None), local (eval_type local: each row's candidate names as it lists them; else None) and report (files,
 rows, skips, frames, pages, unreachable golds).
-An item is {"text", "image", "video"}: the text holds common.VIDEO_MARKER or IMAGE_MARKER where VLM2Vec-V2 puts
+An item is {"text", "image", "video"}: the text holds media.VIDEO_MARKER or IMAGE_MARKER where VLM2Vec-V2 puts
 <|video_pad|> or <|image_pad|>, the same text after it; "video" is the full frame list (the Preprocessor picks
 frames: VLM2Vec-V2 keeps 8 evenly spaced, report["frame_budget"]). A visdoc pool is a read-only sequence whose
 item i is built when asked for: a page is kept as its path or its compressed bytes, and each access opens a fresh

@@ -32,7 +32,8 @@ import re
 
 import pyarrow.parquet as pq
 
-from common import IMAGE_MARKER, UserError
+from common import UserError
+from media import IMAGE_MARKER
 
 TRAIN_COLUMNS = ("qry", "qry_image_path", "pos_text", "pos_image_path", "neg_text", "neg_image_path", "pos_judge",
                  "neg_judge", "query", "query_image", "positive", "positive_image", "negatives", "negative_images",

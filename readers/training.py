@@ -40,10 +40,11 @@ import time
 import pyarrow as pa
 
 import data
-from common import Progress, UserError, alive_here, lock_record, read_lock, relative_hint, replaced_atomically
+from common import Progress, UserError, relative_hint, replaced_atomically
 from readers import mmeb
 from readers.records import (DATA_SUFFIXES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport, data_files, is_junk,
                              layout_of, read_records, split_files, train_row)
+from runs.outdir import alive_here, lock_record, read_lock
 
 FORMAT = 1  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)

@@ -20,7 +20,7 @@ import torch
 
 import lora
 from common import UserError, relative_hint, shareable, write_json, write_text
-from model import Embedder, EmbeddingSpec
+from model import FAMILIES, POOLINGS, Embedder, EmbeddingSpec, family_of
 from runs.checkpoint import INFO, fingerprint, load_state, read_info, verify
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
@@ -32,8 +32,8 @@ HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
 def save_hf_folder(state_dict, spec, out_dir, info):
     """Write a consolidated Embedder state_dict (keys "model.visual...", "model.language_model..."; LoRA already
     merged) as a Hugging Face folder in the release layout of spec.backbone, so Embedder.from_pretrained and plain
-    transformers (Qwen3_5ForConditionalGeneration) both load it, with the spec, pace.json (info) and the model
-    card. Atomic: written aside, then renamed. The processors' sizes are the spec's pixel budgets (image, video),
+    transformers both load it, with the spec, pace.json (info) and the model card. Keys outside the backbone's
+    ("model.") are not written (a fork's learnable temperature trains, but is no part of the embedder). Atomic: written aside, then renamed. The processors' sizes are the spec's pixel budgets (image, video),
     not the release's.
     config.json says the dtype the weights are stored in (training's float32 master weights), not the release's
     (bfloat16): plain transformers loads a folder in its config's dtype, and would compute in bf16 otherwise."""
@@ -54,7 +54,7 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     edit_json(os.path.join(tmp_dir, "processor_config.json"), lambda processor: dict(processor, **{
         key: budget(kind)(processor[key]) for key, kind in (("image_processor", ""), ("video_processor", "video_"))
         if key in processor}))
-    tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
+    tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items() if key.startswith("model.")}
     stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
     if len(stored) == 1:
         edit_json(os.path.join(tmp_dir, "config.json"), lambda config: stored_dtype(config, next(iter(stored))))
@@ -67,7 +67,7 @@ def save_hf_folder(state_dict, spec, out_dir, info):
               lambda tokenizer: {k: v for k, v in tokenizer.items() if k != "chat_template"})
     with open(os.path.join(tmp_dir, INFO), "w") as f:
         json.dump(info, f, indent=2)
-    card = model_card(spec, info, out_dir)
+    card = model_card(spec, info, out_dir, family_of(tmp_dir))
     if os.path.isfile(os.path.join(out_dir, "README.md")) and fingerprint(out_dir) == fingerprint(tmp_dir):
         with open(os.path.join(out_dir, "README.md")) as f:  # a re-export of the same weights keeps their evaluation
             earlier = f.read()
@@ -97,7 +97,7 @@ def sentence_transformers_files(folder, spec, dim):
     """What SentenceTransformer(folder) reads (sentence-transformers 6), as its own save() writes them: the
     transformers module (feature extraction, every modality through the chat template, the PIL image processor
     training used: where torchvision is installed transformers would pick another, whose resize differs), then
-    last-token pooling, not normalised, and the spec's similarity. No prompts: the template holds the system turn."""
+    the spec's pooling (model.POOLINGS), not normalised, and the spec's similarity. No prompts: the template holds the system turn."""
     forward = {"method": "forward", "method_output_name": "last_hidden_state"}
     write_json(os.path.join(folder, "modules.json"), [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
@@ -107,8 +107,8 @@ def sentence_transformers_files(folder, spec, dim):
         "transformer_task": "feature-extraction",
         "modality_config": {"text": forward, "image": forward, "message": dict(forward, format="structured")},
         "module_output_name": "token_embeddings", "processor_kwargs": {"use_fast": False}, "unpad_inputs": False})
-    write_json(os.path.join(folder, "1_Pooling", "config.json"),
-               {"embedding_dimension": int(dim), "pooling_mode": "lasttoken", "include_prompt": True})
+    write_json(os.path.join(folder, "1_Pooling", "config.json"), {
+        "embedding_dimension": int(dim), "pooling_mode": POOLINGS[spec.pooling].sentence_transformers, "include_prompt": True})
     write_json(os.path.join(folder, "config_sentence_transformers.json"), {
         "model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
         "similarity_fn_name": "dot" if spec.similarity == "dot" else "cosine"})
@@ -138,12 +138,12 @@ def stored_dtype(config, dtype):
 CARD = '''---
 library_name: transformers
 pipeline_tag: feature-extraction
-{base_model}tags: [multimodal-embedding, qwen3_5, pace]
+{base_model}tags: [multimodal-embedding, {model_type}, pace]
 ---
 
 # {name}: a multimodal embedding model trained with PACE
 
-A Qwen3.5 vision-language model ({backbone_name}) turned into an embedding model: text, an image, or both
+A {family} vision-language model ({backbone_name}) turned into an embedding model: text, an image, or both
 go in; one vector comes out. Trained with PACE (Progressive Angular-to-Norm Contrastive Embedding): Stage I
 trains LoRA adapters with cosine logits, Stage II merges them and fine-tunes the whole language model with
 dot-product logits; both weight each query by the Focal Embedding Loss. This checkpoint: {what}, step {step}.
@@ -155,8 +155,8 @@ Rank candidates by the **{similarity}** of the query's and the candidates' embed
 ## Prompt and pooling
 
 Every input, query or candidate, is encoded alone under this prompt, at most {max_length} tokens and an image
-resized to {min_pixels:,} to {max_pixels:,} pixels; the embedding is the last layer's hidden state at the final
-`<|endoftext|>` ({pooling} pooling), not normalised:
+resized to {min_pixels:,} to {max_pixels:,} pixels; the embedding is {pooling_words} ({pooling}
+pooling), not normalised:
 
 ```
 <|im_start|>system
@@ -190,7 +190,7 @@ vectors = model.encode(["Find the caption that best describes this picture: a re
 scores = model.similarity(vectors[:1], vectors[1:])  # {similarity}, as this folder's config says
 ```
 
-The folder's sentence-transformers files give the vectors above: the chat template for the prompt, last-token
+The folder's sentence-transformers files give the vectors above: the chat template for the prompt, {pooling}
 pooling, no normalisation, and the PIL image processor training used (`"use_fast": false`; transformers would
 otherwise take its torchvision processor, whose resize differs).
 
@@ -201,13 +201,13 @@ Text, an image, or both, with or without torchvision installed: the PIL image pr
 ```python
 import torch
 from PIL import Image, ImageOps
-from transformers import Qwen3_5Model, Qwen3_5Tokenizer  # transformers 5.17 or newer
+from transformers import {model_class}, {tokenizer_class}  # transformers 5.17 or newer
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 path = "{folder}"
-tokenizer = Qwen3_5Tokenizer.from_pretrained(path)
+tokenizer = {tokenizer_class}.from_pretrained(path)
 image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
-model = Qwen3_5Model.from_pretrained(path).eval()
+model = {model_class}.from_pretrained(path).eval()
 
 def embed(text="", image=None):
     extra, vision = {{}}, ""
@@ -218,10 +218,10 @@ def embed(text="", image=None):
     prompt = ("<|im_start|>system\\n{system_prompt}<|im_end|>\\n<|im_start|>user\\n"
               + vision + text + "<|im_end|>\\n<|im_start|>assistant\\n<|endoftext|>")
     inputs = tokenizer(prompt, return_tensors="pt")
-    if image is not None:  # which tokens are the image's: Qwen3.5 needs it beside the pixels
+    if image is not None:  # which tokens are the image's: the model needs it beside the pixels
         extra["mm_token_type_ids"] = (inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
     with torch.no_grad():
-        return model(**inputs, **extra, use_cache=False).last_hidden_state[0, -1]
+        return model(**inputs, **extra, use_cache=False).{pooling_code}
 
 query = embed("Find the caption that best describes this picture: a red circle")
 candidate = embed("a red circle")
@@ -253,9 +253,10 @@ CARD_KEYS = ("init_from", "train_data", "max_iters", "batch_size", "num_hard_neg
              "grad_cache_chunk", "instructions", "seed")  # the training config's keys the card lists, after the spec's
 
 
-def model_card(spec, info, folder):
-    """The README.md of an export folder (Hugging Face model card): spec says what the vectors are, info (its
-    pace.json) how the model was trained."""
+def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
+    """The README.md of an export folder (Hugging Face model card): spec says what the vectors are (POOLINGS the
+    words and the code of its pooling), info (its pace.json) how the model was trained, family (model.FAMILIES) the
+    classes that load it."""
     config, dot = info.get("config", {}), spec.similarity == "dot"
     rows = [(f"`{k}`", f"`{v!r}`") for k, v in spec.to_dict().items()]
     rows += [(f"`{k}`", f"`{config[k]!r}`") for k in CARD_KEYS if k in config]
@@ -264,13 +265,15 @@ def model_card(spec, info, folder):
     trained += " training of LoRA adapters (merged here)" if info.get("trained_lora_rank") else \
         " training of the whole language model"
     return CARD.format(
-        base_model=f"base_model: Qwen/{backbone}\n" if backbone.startswith("Qwen3.5-") else "",
-        name=os.path.basename(os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=backbone or "Qwen3.5",
+        base_model=f"base_model: Qwen/{backbone}\n" if backbone.startswith(family.name + "-") else "",
+        model_type=next(t for t, f in FAMILIES.items() if f == family), family=family.name,
+        model_class=family.model_class, tokenizer_class=family.tokenizer_class, pooling_words=POOLINGS[spec.pooling].words,
+        name=os.path.basename(os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=backbone or family.name,
         what=trained, step=info.get("step", "?"), similarity="dot product" if dot else "cosine",
         similarity_why=("The norms carry meaning after Stage II: do not normalise the vectors." if dot else
                         "It was trained with cosine logits: normalise the vectors (or use cosine similarity)."),
         max_length=spec.max_length, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
-        pooling=spec.pooling.replace("_", "-"), folder=folder, system_prompt=spec.system_prompt,
+        pooling=spec.pooling.replace("_", "-"), pooling_code=POOLINGS[spec.pooling].code, folder=folder, system_prompt=spec.system_prompt,
         score_expression="query @ candidate" if dot else "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
         encode_score_expression="vectors[0] @ vectors[1]" if dot else
         "torch.nn.functional.cosine_similarity(vectors[0], vectors[1], dim=0)",
@@ -327,10 +330,7 @@ def check_checkpoint(path):
         raise UserError(f"{path!r} does not exist (or is not a folder): expected a Hugging Face folder (a release or "
                         "an export/) or a training step folder" + relative_hint(path))
     if os.path.isfile(os.path.join(path, "config.json")):
-        with open(os.path.join(path, "config.json")) as f:
-            model_type = json.load(f).get("model_type")
-        if model_type != "qwen3_5":
-            raise UserError(f"{path}: model_type {model_type!r}; this project needs a Qwen3.5 'qwen3_5' checkpoint")
+        family_of(path)  # a family this project reads, or a UserError naming the folder
         return "hf"
     if not read_info(path) or not os.path.isfile(os.path.join(path, ".metadata")):
         raise UserError(f"{path!r} is neither a Hugging Face folder (config.json) nor a training step folder "

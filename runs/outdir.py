@@ -22,8 +22,9 @@ import signal
 import socket
 import sys
 import time
+import uuid
 
-from common import UserError, alive_here, lock_record, read_lock, write_json
+from common import UserError, write_json, write_text
 from model import EmbeddingSpec
 from runs.checkpoint import complete, read_info, remove, verify
 
@@ -247,3 +248,115 @@ def read_log(path):
     """A log.jsonl's records; a line cut short (a run still writing, or killed mid-line) is dropped."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip().endswith("}")]
+
+
+# -----------------------------------------------------------------------------
+# Weights & Biases
+
+def wandb_run_id(out_dir, resuming):
+    """The Weights & Biases run id of out_dir's run: when resuming, the one out_dir/wandb_run_id keeps; else a new
+    one, kept there. So a resumed run logs into the same W&B run, and a fresh one starts its own."""
+    path = os.path.join(out_dir, "wandb_run_id")
+    if resuming and os.path.isfile(path):
+        with open(path) as f:
+            return f.read().strip()
+    run_id = uuid.uuid4().hex[:16]
+    write_text(path, run_id + "\n")
+    return run_id
+
+
+def start_wandb(out_dir, resuming, project, name, config):
+    """Start, or when resuming continue, out_dir's W&B run. -> the wandb module. Imported only when asked for."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("wandb_log=True needs the wandb package: pip install wandb (then wandb login)") from None
+    wandb.init(project=project, name=name, id=wandb_run_id(out_dir, resuming), resume="allow", config=config)
+    return wandb
+
+
+# -----------------------------------------------------------------------------
+# lock files: one run of an out_dir (runs/outdir.py), one writer of a prepared table (readers/training.py)
+
+def lock_record(**fields):
+    """What a lock file holds of the process taking it: its host, pid and start time (process_start), and fields."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid()), **fields}
+
+
+def read_lock(path):
+    """A lock file's record (lock_record), or None when there is none or it is empty (being written, or cut short)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def process_start(pid):
+    """When process pid started (clock ticks since boot, /proc/<pid>/stat), so a pid the system reused for another
+    process is told apart; None when there is no such process. Without /proc: True while the pid exists."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command in parentheses
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(int(pid), 0)
+            return True
+        except OSError:
+            return None
+
+
+def alive_here(record):
+    """True when a lock's process runs on this host: its pid exists and started when the lock says."""
+    if record.get("host") != socket.gethostname():
+        return False
+    try:
+        started = process_start(record["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return started is not None and started == record.get("process_start", started)
+
+
+# -----------------------------------------------------------------------------
+# output that never stops a run
+
+class SturdyStream:
+    """sys.stdout or sys.stderr whose writes never raise: after the first that fails (a pipe whose reader is gone,
+    as tee is after Ctrl-C; a log file on a full disk; a terminal that closed) the stream's file descriptor points at
+    /dev/null, so the rest of the output, and the flush at exit, go nowhere and the run goes on: a stop signal
+    still ends in its checkpoint and exit code."""
+
+    def __init__(self, stream):
+        self.stream, self.broken = stream, False
+
+    def write(self, text):
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError):
+                self.lost()
+        return len(text)
+
+    def flush(self):
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.lost()
+
+    def lost(self):
+        self.broken = True
+        try:  # what the stream still buffers then goes nowhere too, so no later flush of it can fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def sturdy_output():
+    """Make sys.stdout and sys.stderr SturdyStreams (train.py: nothing printed may stop a run)."""
+    sys.stdout, sys.stderr = (s if isinstance(s, SturdyStream) else SturdyStream(s) for s in (sys.stdout, sys.stderr))

@@ -49,7 +49,8 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
 import configurator
-from common import IMAGE_MARKER, write_json
+from common import write_json
+from media import IMAGE_MARKER
 from readers.mmeb import IMAGE_CANDIDATE, PAPER_INSTRUCTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository

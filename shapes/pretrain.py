@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from common import IMAGE_MARKER, UserError, compute_init, duration, torch_threads, write_json
+from common import UserError, compute_init, duration, torch_threads, write_json
+from media import IMAGE_MARKER
 from shapes.prepare import DATA_DIR, GROUNDING, IMAGE_TO_TEXT, TEXT_TO_IMAGE, UNSEEN
 
 EPOCHS = 5  # the default length: 5 passes over the examples, 297 steps on the toy's 1,900 (about 100 s on one core)

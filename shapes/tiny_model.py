@@ -1,10 +1,11 @@
 """
-tiny_model.py: a tiny random Qwen3.5 in the file layout of a real release, for the toy benchmark and the tests.
+tiny_model.py: a tiny random Qwen3.5 (or Qwen3-VL) in the file layout of a real release, for the toy and the tests.
 
     python -m shapes.prepare                          # writes data/shapes/tiny-qwen3.5 with the toy data
     from shapes.tiny_model import make_tiny_checkpoint
     make_tiny_checkpoint("/tmp/tiny-qwen3.5", seed=0)                       # final norm uniform: every norm 8
     make_tiny_checkpoint("/tmp/tiny-qwen3.5", seed=0, final_norm_std=0.15)  # norms vary with direction, as a release's
+    make_tiny_checkpoint("/tmp/tiny-qwen3-vl", seed=0, family="qwen3_vl")  # the second backbone family
 
 Four decoder layers (three Gated DeltaNet, one full attention, the ratio of the real 0.8B and 2B), a
 two-block vision tower, width 64, and a byte-level BPE tokenizer of 1,024 tokens with Qwen's special tokens.
@@ -56,36 +57,47 @@ def _tiny_tokenizer(vocab_size=1024):
     return tokenizer
 
 
-def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0, consolidated=False):
-    """Write a tiny random Qwen3.5 (text and vision; Gated DeltaNet and full-attention layers) with a
-    byte-level BPE tokenizer into out_dir, in the file layout of a Qwen3.5-0.8B-Base release. final_norm_std:
-    the final RMSNorm's weight w ~ N(0, final_norm_std^2) (0: uniform, every embedding's norm sqrt(D); the
-    weights are then those of earlier versions, bit for bit). consolidated: the processor settings as
-    transformers 5 saves them, one processor_config.json ({"image_processor": ..., "video_processor": ...}), in
-    place of the release's preprocessor_config.json and video_preprocessor_config.json. -> out_dir"""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0, consolidated=False, family="qwen3_5"):
+    """Write a tiny random backbone of a family in model.FAMILIES (text and vision) with a byte-level BPE
+    tokenizer into out_dir, in the file layout of its release: 'qwen3_5' (Qwen3.5-0.8B-Base: Gated DeltaNet and
+    full-attention layers) or 'qwen3_vl' (Qwen3-VL: full attention, deepstack vision features). final_norm_std:
+    the spread of the final RMSNorm's gain (0: uniform, every embedding's norm sqrt(D); the Qwen3.5 weights are then
+    those of earlier versions, bit for bit). consolidated: the processor settings as transformers 5 saves them, one
+    processor_config.json ({"image_processor": ..., "video_processor": ...}), in place of the release's
+    preprocessor_config.json and video_preprocessor_config.json. -> out_dir"""
+    import transformers
     from transformers import PreTrainedTokenizerFast
+
+    from model import FAMILIES
     os.makedirs(out_dir, exist_ok=True)
     tokenizer = _tiny_tokenizer()
     token = tokenizer.token_to_id
     hidden = 64
-    config = Qwen3_5Config(
-        text_config=dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=hidden, intermediate_size=128,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                         linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                         layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=8192,
-                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
-                                              mrope_section=[2, 1, 1], mrope_interleaved=True),
-                         tie_word_embeddings=True, eos_token_id=token("<|endoftext|>")),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
-                           patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64),
-        image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
-        vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"),
-        tie_word_embeddings=True)
-    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    text = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=hidden, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=8192)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64)
+    if family == "qwen3_5":
+        text.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                    linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                                         mrope_section=[2, 1, 1], mrope_interleaved=True),
+                    tie_word_embeddings=True, eos_token_id=token("<|endoftext|>"))
+        name = "Qwen3_5"
+    elif family == "qwen3_vl":  # 16 rotary pairs a head, split over time, height and width as the release splits 64
+        text.update(rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[6, 5, 5],
+                                         mrope_interleaved=True))
+        vision.update(deepstack_visual_indexes=[0])
+        name = "Qwen3VL"
+    else:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+    config = getattr(transformers, f"{name}Config")(
+        text_config=text, vision_config=vision, image_token_id=token("<|image_pad|>"),
+        video_token_id=token("<|video_pad|>"), vision_start_token_id=token("<|vision_start|>"),
+        vision_end_token_id=token("<|vision_end|>"), tie_word_embeddings=True)
+    config.architectures = [f"{name}ForConditionalGeneration"]
     torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration(config)
+    model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
     with torch.no_grad():
         # transformers' 0.02-std init leaves the residual stream to the token embedding, so every item
         # pooled at the same <|endoftext|> would look alike; unit-variance layers make context count.
@@ -100,8 +112,8 @@ def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0, consolidated=False
                 # the one full-attention layer; A in [0.005, 0.05] remembers tens of tokens, and two
                 # pictures of different colours then give cos 0.95, not 0.999 (tests/test_model.py).
                 param.copy_(torch.empty_like(param).uniform_(0.005, 0.05).log())
-        if final_norm_std:  # drawn last, so the other weights do not depend on it
-            model.model.language_model.norm.weight.normal_(0.0, final_norm_std)  # (D,): the gain is 1 + w
+        if final_norm_std:  # drawn last, so the other weights do not depend on it; (D,): the gain is offset + w
+            model.model.language_model.norm.weight.normal_(1.0 - FAMILIES[family].norm_offset, final_norm_std)
     model.save_pretrained(out_dir)
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                             unk_token=None).save_pretrained(out_dir)

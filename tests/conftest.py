@@ -25,6 +25,21 @@ def tiny_embedder(tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, tiny_checkpoint):
+    """{family: a tiny checkpoint of it} for every backbone family of model.FAMILIES (the core tests run on each)."""
+    from model import FAMILIES
+    return {family: tiny_checkpoint if family == "qwen3_5" else make_tiny_checkpoint(
+        str(tmp_path_factory.mktemp(f"tiny_{family}")), seed=0, family=family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session", params=["qwen3_5", "qwen3_vl"])
+def family_embedder(request, tiny_checkpoints):
+    """The tiny checkpoint of each backbone family as an Embedder (float32, eval mode): a test taking it runs on both.
+    Tests must not modify it."""
+    return Embedder.from_pretrained(tiny_checkpoints[request.param]).eval()
+
+
+@pytest.fixture(scope="session")
 def toy(tmp_path_factory, tiny_checkpoint):
     """The toy benchmark with the query images of the first two global batches' rows 0 and 3 broken (a truncated
     PNG, an empty file): with skip_bad_rows the runs below pass over them, the same way on every run."""

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from common import IMAGE_MARKER
+from media import IMAGE_MARKER
 from readers.mmeb import MMEB_TABLE, TRAIN_SUBSETS, canonical_name
 
 M = IMAGE_MARKER

@@ -22,7 +22,7 @@ def table(folder, train_data, image_dir, num_hard_negatives=0, **options):
 def read_rows(folder, train_data, image_dir, num_hard_negatives=0, seed=0, **options):
     """-> (every row as data.filled gives it, the subsets' SourceReports)."""
     found = table(folder, train_data, image_dir, num_hard_negatives, **options)
-    return ([data.filled(found, i, num_hard_negatives, seed) for i in range(len(found))],
+    return ([data.row_with_negatives(found, i, num_hard_negatives, seed) for i in range(len(found))],
             [SourceReport.from_dict(s) for s in found.subsets])
 
 

@@ -283,7 +283,7 @@ def test_a_bug_keeps_its_traceback_and_a_mistake_does_not():
 
 
 def test_the_wandb_run_id_survives_a_resume_and_not_a_fresh_start(tmp_path):
-    from common import wandb_run_id
+    from runs.outdir import wandb_run_id
     first = wandb_run_id(str(tmp_path), resuming=False)
     assert (tmp_path / 'wandb_run_id').read_text().strip() == first
     assert wandb_run_id(str(tmp_path), resuming=True) == first  # --resume=True continues the same W&B run

@@ -139,7 +139,7 @@ def test_image_marker_never_reaches_the_tokens(tmp_path, preprocessor):
     query, positive, negative = item["query"], *item["candidates"]
     for feature in (query, positive, negative):
         assert "image_1" not in decode(feature["input_ids"])
-    image_pad = preprocessor.image_pad_id
+    image_pad = preprocessor.pad_ids["image"]
     assert (query["input_ids"] == image_pad).sum() > 0 and (negative["input_ids"] == image_pad).sum() > 0
     assert (positive["input_ids"] == image_pad).sum() == 0 and "pixel_values" not in positive  # marker dropped
     text = decode(query["input_ids"])
@@ -525,7 +525,7 @@ def test_one_writer_converts_while_the_others_wait(tmp_path):
     import subprocess
     import threading
 
-    from common import lock_record
+    from runs.outdir import lock_record
     from readers import training
     source = write_jsonl(tmp_path / "rows.jsonl", [record(i) for i in range(3000)])
     results = multiprocessing.get_context("fork").Queue()

@@ -103,7 +103,7 @@ def test_precision_at_1_by_hand():
     scores = evaluation.candidate_scores(query, cand, index, "dot")
     assert scores[3].tolist() == [1.0, 10.0, -float("inf"), -float("inf")]
     assert p_at_1(query[:1], index[:1, :1], "dot") == (1, 0, 1)  # one candidate: a hit
-    with pytest.raises(ValueError, match="similarity"):  # a caller's bug, not a user's mistake: loss.compared
+    with pytest.raises(ValueError, match="similarity"):  # a caller's bug, not a user's mistake: loss.comparison_vectors
         evaluation.candidate_scores(query, cand, index, "cosine")
 
 

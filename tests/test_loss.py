@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loss import COLLAPSE_SPREAD, collapsed, logit_spread, pace_loss, similarity_matrix, statistics
+from loss import COLLAPSE_SPREAD, collapse_flag, logit_spread, pace_loss, similarity_matrix, statistics
 from tests import dist_loss_check
 from tests.toyrun import torchrun
 
@@ -221,7 +221,7 @@ def test_collapsed_embeddings_are_told_apart_from_healthy_ones():
             spread = logit_spread(terms).item()
             # one direction with varying norms carries no signal for cosine, but does for the dot product
             want = (similarity == "cos") if expected is None else expected
-            assert (spread < COLLAPSE_SPREAD) == want == bool(collapsed(terms)), (name, similarity, spread)
+            assert (spread < COLLAPSE_SPREAD) == want == bool(collapse_flag(terms)), (name, similarity, spread)
             assert statistics(terms)["logit_spread"] == pytest.approx(spread)  # the log's figure is the same
 
 

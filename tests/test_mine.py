@@ -19,7 +19,8 @@ import pytest
 import torch
 from PIL import Image
 
-from common import IMAGE_MARKER, UserError
+from common import UserError
+from media import IMAGE_MARKER
 from runs.export import load_embedder
 from shapes.prepare import prepare
 from tests.rows import read_rows, train_dataset

@@ -1,4 +1,8 @@
-"""Tests of model.py: the prompt, pooling, batch invariance, bad input, the tiny checkpoint."""
+"""Tests of model.py: the prompt, pooling, batch invariance, bad input, the tiny checkpoints. The core ones take
+family_embedder (tests/conftest.py) and run on every backbone family of model.FAMILIES.
+
+    python -m pytest -q tests/test_model.py
+"""
 import os
 import shutil
 
@@ -7,22 +11,13 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from common import IMAGE_MARKER, VIDEO_MARKER, UserError
-from model import Embedder, EmbeddingSpec, Preprocessor, load_image, smart_resize
+from common import UserError
+from media import IMAGE_MARKER, VIDEO_MARKER, smart_resize
+from model import FAMILIES, Embedder, EmbeddingSpec, Preprocessor
 from shapes.tiny_model import make_tiny_checkpoint
+from tests.test_media import _frames, _images
 
 SYSTEM_PROMPT = EmbeddingSpec().system_prompt
-
-
-def _images():
-    """Images of different sizes and modes: RGB, grey, RGBA (transparent), palette."""
-    rgb = Image.new("RGB", (100, 60), (200, 30, 30))
-    rgb.paste((20, 20, 220), (10, 10, 40, 50))
-    grey = Image.new("L", (48, 130), 90)
-    rgba = Image.new("RGBA", (70, 70), (0, 255, 0, 0))
-    rgba.paste((255, 0, 0, 255), (20, 20, 50, 50))
-    palette = rgb.convert("P")
-    return rgb, grey, rgba, palette
 
 
 def _mixed_items(tmp_path):
@@ -41,8 +36,8 @@ def _mixed_items(tmp_path):
     ]
 
 
-def test_embedding_is_batch_invariant(tiny_embedder, tmp_path):
-    items = _mixed_items(tmp_path)
+def test_embedding_is_batch_invariant(family_embedder, tmp_path):
+    tiny_embedder, items = family_embedder, _mixed_items(tmp_path)
     together = tiny_embedder.encode(items, batch_size=len(items))
     alone = torch.cat([tiny_embedder.encode([item]) for item in items])
     in_pairs = tiny_embedder.encode(items, batch_size=3)
@@ -62,15 +57,15 @@ def test_embedding_is_batch_invariant(tiny_embedder, tmp_path):
     torch.testing.assert_close(pooled, hidden[torch.arange(2), last])
 
 
-def test_prompt_layout_and_marker(tiny_embedder):
-    prep = tiny_embedder.preprocessor
+def test_prompt_layout_and_marker(family_embedder):
+    prep = family_embedder.preprocessor
     decode = lambda f: prep.tokenizer.decode(f["input_ids"].tolist(), skip_special_tokens=False)
     text_only = decode(prep("hello there"))
     assert text_only == (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nhello there"
                          "<|im_end|>\n<|im_start|>assistant\n<|endoftext|>")
     image = Image.new("RGB", (64, 64))
     feature = prep(f"before {IMAGE_MARKER} after", image)
-    n_tokens = int(feature["image_grid_thw"].prod()) // prep.merge_size ** 2
+    n_tokens = int(feature["image_grid_thw"].prod()) // prep.vision["image"].merge_size ** 2
     decoded = decode(feature)
     assert f"user\nbefore <|vision_start|>{'<|image_pad|>' * n_tokens}<|vision_end|> after<|im_end|>" in decoded
     assert IMAGE_MARKER not in decoded
@@ -84,8 +79,8 @@ def test_prompt_layout_and_marker(tiny_embedder):
     assert ids.count(prep.tokenizer.convert_tokens_to_ids("<|im_end|>")) == 2
 
 
-def test_positions_match_transformers_and_lengths(tiny_embedder):
-    prep = tiny_embedder.preprocessor
+def test_positions_match_transformers_and_lengths(family_embedder):
+    tiny_embedder, prep = family_embedder, family_embedder.preprocessor
     rgb, grey, _, _ = _images()
     features = [prep(f"q {IMAGE_MARKER} tail text", rgb), prep("only text"), prep("", grey)]
     batch = prep.collate(features)
@@ -95,7 +90,7 @@ def test_positions_match_transformers_and_lengths(tiny_embedder):
     assert torch.equal(reference[:, mask], batch["position_ids"][:, mask])
     assert prep.num_tokens(f"q {IMAGE_MARKER} tail text", rgb) == len(features[0]["input_ids"])
     assert prep.num_tokens("", grey) == len(features[2]["input_ids"])
-    assert batch["mm_token_type_ids"].sum() == (batch["input_ids"] == prep.image_pad_id).sum()
+    assert batch["mm_token_type_ids"].sum() == (batch["input_ids"] == prep.pad_ids["image"]).sum()
 
 
 def test_truncation_keeps_image_and_template(tiny_checkpoint):
@@ -107,16 +102,23 @@ def test_truncation_keeps_image_and_template(tiny_checkpoint):
         assert len(ids) == 80 == prep.num_tokens(text, img)
         assert ids[-len(prep.suffix_ids):] == prep.suffix_ids and ids[:len(prep.prefix_ids)] == prep.prefix_ids
         if img is not None:
-            assert ids.count(prep.image_pad_id) == 16 and ids.count(prep.vision_end_id) == 1
-    with pytest.raises(UserError, match="does not fit max_length"):
+            assert ids.count(prep.pad_ids["image"]) == 16 and ids.count(prep.vision_end_id) == 1
+    with pytest.raises(UserError, match=r"image \(in memory\): its 18 tokens .* do not fit max_length=39"):
         Preprocessor.from_pretrained(tiny_checkpoint, max_length=len(prep.prefix_ids) + len(prep.suffix_ids) + 17)("x", image)
+
+
+def test_an_empty_item_is_the_prompt_with_empty_content(tiny_embedder):
+    # as VLM2Vec embeds an empty text (an MMEB-V2 option cut to ''): the prompt around nothing, never an error
+    prep = tiny_embedder.preprocessor
+    assert prep("")["input_ids"].tolist() == prep.prefix_ids + prep.suffix_ids == prep(None)["input_ids"].tolist()
+    empty, blank, text = tiny_embedder.encode([{"text": "", "image": None}, {"text": "  ", "image": None},
+                                               {"text": "ok", "image": None}])
+    assert torch.isfinite(empty).all() and (empty - text).abs().max() > 1e-3 and (empty - blank).abs().max() > 0
 
 
 def test_bad_input_names_the_item(tiny_embedder, tmp_path):
     corrupt = tmp_path / "corrupt.jpg"
     corrupt.write_bytes(b"not a jpeg at all")
-    with pytest.raises(UserError, match="item 1: has no text and no image"):
-        tiny_embedder.encode([{"text": "ok", "image": None}, {"text": "  ", "image": None}])
     with pytest.raises(UserError, match=r"item 1: .*missing\.png"):
         tiny_embedder.encode([{"text": "ok", "image": None}, {"text": "x", "image": str(tmp_path / "missing.png")}])
     with pytest.raises(UserError, match=r"item 0: .*corrupt\.jpg"):
@@ -125,37 +127,8 @@ def test_bad_input_names_the_item(tiny_embedder, tmp_path):
         tiny_embedder.encode(["just a string"])
 
 
-def test_transparent_and_grey_images_become_rgb(tiny_embedder):
-    _, grey, rgba, palette = _images()
-    for image in (grey, rgba, palette):
-        assert load_image(image).mode == "RGB"
-    assert load_image(rgba).getpixel((0, 0)) == (255, 255, 255)  # transparent -> white, not black
-    assert load_image(rgba).getpixel((30, 30)) == (255, 0, 0)
 
 
-def test_images_are_read_as_a_viewer_shows_them(tmp_path):
-    """16-bit greyscale and floating-point pixels scaled to 8 bits, EXIF orientation applied: known pixel values."""
-    import numpy as np
-    sixteen = np.array([[0, 32896], [65535, 257]], dtype=np.uint16)  # 32896 = 128 * 257: 8-bit 128
-    Image.fromarray(sixteen).save(tmp_path / "grey16.png")
-    with Image.open(tmp_path / "grey16.png") as raw:
-        assert raw.mode.startswith("I")  # Pillow keeps 16 bits: convert("RGB") alone would clip it to white
-    assert [load_image(str(tmp_path / "grey16.png")).getpixel(xy) for xy in [(0, 0), (1, 0), (0, 1), (1, 1)]] == \
-        [(0, 0, 0), (128, 128, 128), (255, 255, 255), (1, 1, 1)]
-    Image.fromarray(np.array([[0.0, 0.5], [1.0, 0.25]], dtype=np.float32)).save(tmp_path / "float.tiff")
-    assert [load_image(str(tmp_path / "float.tiff")).getpixel(xy)[0] for xy in [(0, 0), (1, 0), (0, 1), (1, 1)]] == \
-        [0, 128, 255, 64]  # floats in [0, 1], not black
-    photo = Image.new("RGB", (40, 20), (0, 0, 255))
-    photo.paste((255, 0, 0), (0, 0, 20, 20))  # left half red, as stored
-    exif = photo.getexif()
-    exif[0x0112] = 6  # "rotate 90 degrees clockwise to view": a phone held upright
-    photo.save(tmp_path / "rotated.jpg", exif=exif, quality=95)
-    shown = load_image(str(tmp_path / "rotated.jpg"))
-    assert shown.size == (20, 40)  # upright now
-    red_top, blue_bottom = shown.getpixel((10, 5)), shown.getpixel((10, 35))  # the stored left half is now on top
-    assert red_top[0] > 200 > red_top[2] and blue_bottom[2] > 200 > blue_bottom[0]
-    from model import image_size
-    assert image_size(str(tmp_path / "rotated.jpg")) == (20, 40)  # num_tokens counts the turned size too
 
 
 def test_tiny_checkpoint_layout_and_determinism(tiny_checkpoint, tmp_path):
@@ -173,19 +146,6 @@ def test_tiny_checkpoint_layout_and_determinism(tiny_checkpoint, tmp_path):
         assert f1.read() == f2.read()
 
 
-def test_pixels_equal_transformers_processor(tiny_checkpoint):
-    """uint8 patches from the worker + Embedder.pixel_values on the device = transformers' float pixel_values, bit
-    for bit: sizes that shrink, grow (under min_pixels) and stay, every mode load_image accepts."""
-    embedder = Embedder.from_pretrained(tiny_checkpoint, max_pixels=128 * 128)
-    preprocessor = embedder.preprocessor
-    noise = Image.effect_noise((300, 170), 80).convert("RGB")
-    thin = [noise.resize((300, 11)), noise.resize((9, 40))]  # a side that rounds to 0 patches: grown, as transformers
-    for image in [noise, noise.resize((20, 90)), noise.crop((0, 0, 64, 128)), *thin, *_images()]:
-        image = load_image(image)
-        reference = preprocessor.image_processor(images=[image], return_tensors="pt")
-        patches, grid_h, grid_w = preprocessor.patches(image)
-        assert patches.dtype == torch.uint8 and reference["image_grid_thw"].tolist() == [[1, grid_h, grid_w]]
-        assert torch.equal(embedder.pixel_values(patches), reference["pixel_values"]), image.size
 
 
 def test_tiny_checkpoint_sees_its_images(tiny_embedder):
@@ -257,32 +217,32 @@ def test_user_text_ids_equal_the_tokenizers_on_text_without_control_tokens(tiny_
 
 
 def test_a_photo_too_large_for_max_length_is_shrunk_to_fit_in_inference_and_named_in_training(tiny_checkpoint, tmp_path):
-    # at the checkpoint's own pixel budget (max_pixels 0) the photo takes 12 tokens; max_length leaves room for 10
+    # at the tiny checkpoint's own pixel budget (128 x 128) the photo takes 12 tokens; max_length leaves room for 10
     # beside the template: training names the image, inference embeds it at the largest grid that fits, and counts it
     import eval as evaluation
     from runs.export import load_for_inference
     photo = str(tmp_path / "photo.jpg")
     Image.effect_noise((400, 300), 60).convert("RGB").save(photo)
-    template = Preprocessor.from_pretrained(tiny_checkpoint)
+    template, budget = Preprocessor.from_pretrained(tiny_checkpoint), 128 * 128
     max_length = len(template.prefix_ids) + len(template.suffix_ids) + 2 + 10
-    training = Preprocessor.from_pretrained(tiny_checkpoint, max_length=max_length)
-    with pytest.raises(UserError, match=r"an image of 12 tokens does not fit max_length"):
+    training = Preprocessor.from_pretrained(tiny_checkpoint, max_length=max_length, max_pixels=budget)
+    with pytest.raises(UserError, match=r"image '.*photo\.jpg': its 14 tokens \(1 x 12 merged patches\) do not fit max_length"):
         training("what is it?", photo)
-    embedder, _ = load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=max_length)
+    embedder, _ = load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=max_length, max_pixels=budget)
     prep, text = embedder.preprocessor, "what is it?"
     feature = prep(text, photo)
     ids = feature["input_ids"].tolist()
     grid_h, grid_w = feature["image_grid_thw"][0, 1:].tolist()
     text_tokens = len(prep.ids(text))
-    assert ids.count(prep.image_pad_id) == grid_h * grid_w // 4 <= 10 - text_tokens  # the text kept whole beside it
+    assert ids.count(prep.pad_ids["image"]) == grid_h * grid_w // 4 <= 10 - text_tokens  # the text kept whole beside it
     room, tokens = 10 - text_tokens, grid_h * grid_w // 4
     sizes = [smart_resize(300, 400, 32, 0, budget) for budget in range(1024, 40000, 64)]  # every budget's grid
     assert tokens == max(h * w // 1024 for h, w in sizes if h * w // 1024 <= room) and grid_w >= grid_h  # the largest
     assert len(ids) == prep.num_tokens(text, photo) <= max_length
-    assert prep.shrunk == [repr(photo)]
+    assert prep.shrunk == [f"image {photo!r}"]
     # the same vector as the photo resized to that grid beforehand, at a max_length where it fits as it is
-    resized = Image.open(photo).resize((grid_w * 16, grid_h * 16), resample=prep.image_processor.resample)
-    roomy, _ = load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=512)
+    resized = Image.open(photo).resize((grid_w * 16, grid_h * 16), resample=prep.vision["image"].resample)
+    roomy, _ = load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=512, max_pixels=budget)
     torch.testing.assert_close(embedder.encode([{"text": text, "image": photo}]),
                                roomy.encode([{"text": text, "image": resized}]), atol=1e-5, rtol=0)
     items = [{"text": text, "image": photo}, {"text": "plain text", "image": None}, {"text": "", "image": photo}]
@@ -290,11 +250,12 @@ def test_a_photo_too_large_for_max_length_is_shrunk_to_fit_in_inference_and_name
     assert shrunk == 2 and vectors.shape == (3, embedder.dim) and torch.isfinite(vectors).all()
 
 
-def test_pooling_reads_the_state_after_the_final_norm(tmp_path):
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_pooling_reads_the_state_after_the_final_norm(tmp_path, family):
     # the embedding is last_hidden_state at the last token: after the final RMSNorm, whose gain sets the norms that
     # Stage II's dot product and tau = 100 rely on. Some Qwen-VL code pools hidden_states[-1], which can be the state
-    # before that norm; a weight far from 0 makes the two differ by far more than any tolerance
-    checkpoint = make_tiny_checkpoint(str(tmp_path / "tiny"), seed=0, final_norm_std=0.5)
+    # before that norm; a gain far from 1 makes the two differ by far more than any tolerance
+    checkpoint = make_tiny_checkpoint(str(tmp_path / "tiny"), seed=0, final_norm_std=0.5, family=family)
     embedder = Embedder.from_pretrained(checkpoint).eval()
     norm, seen = embedder.model.language_model.norm, {}
     hook = norm.register_forward_hook(lambda module, inputs, output: seen.update(before=inputs[0], after=output))
@@ -307,56 +268,22 @@ def test_pooling_reads_the_state_after_the_final_norm(tmp_path):
     torch.testing.assert_close(vectors, last(seen["after"]), atol=1e-6, rtol=0)
     assert (vectors - last(seen["before"])).abs().max() > 0.1
     weight = norm.weight.detach()
-    expected = 8 * (1 + weight) * last(seen["before"]) / last(seen["before"]).norm(dim=-1, keepdim=True)  # sqrt(D) = 8
-    torch.testing.assert_close(vectors, expected, atol=1e-3, rtol=1e-3)  # the zero-centred RMSNorm's output
+    gain = FAMILIES[family].norm_offset + weight  # Qwen3.5's zero-centred norm: 1 + w; Qwen3-VL's: w
+    expected = 8 * gain * last(seen["before"]) / last(seen["before"]).norm(dim=-1, keepdim=True)  # sqrt(D) = 8
+    torch.testing.assert_close(vectors, expected, atol=1e-3, rtol=1e-3)  # the RMSNorm's output
 
 
 # -----------------------------------------------------------------------------
 # videos: an item's "video" is a list of frames
 
-def _frames(count, size=(64, 32), seed=0):
-    """count distinct noise frames: 64x32 is already a size the tiny video processor keeps (4 frames: 8,192 pixels
-    of its 1,024..16,384 budget), so no resize touches them."""
-    return [Image.effect_noise(size, 30 + 7 * k + seed).convert("RGB") for k in range(count)]
 
 
-def test_a_video_keeps_the_frames_vlm2vec_keeps(tiny_checkpoint):
-    from common import frame_choice
-    assert frame_choice(64, 8) == [0, 9, 18, 27, 36, 45, 54, 63]  # MMEB-V2's 64 saved frames, 8 kept
-    assert frame_choice(10, 8) == [0, 1, 2, 3, 5, 6, 7, 9]  # truncated as np.linspace(dtype=int), never rounded
-    assert frame_choice(5, 8) == [0, 1, 2, 3, 4] and frame_choice(8, 8) == list(range(8))  # fewer: all, no padding
-    prep = Preprocessor.from_pretrained(tiny_checkpoint)
-    frames = _frames(10)
-    assert prep.kept_frames(frames) == [frames[k] for k in (0, 1, 2, 3, 5, 6, 7, 9)]
-    given = prep("what happens?", video=frames)["pixel_values_videos"]
-    chosen = prep("what happens?", video=[frames[k] for k in (0, 1, 2, 3, 5, 6, 7, 9)])["pixel_values_videos"]
-    rounded = prep("what happens?", video=[frames[k] for k in (0, 1, 3, 4, 5, 6, 8, 9)])["pixel_values_videos"]
-    assert torch.equal(given, chosen) and not torch.equal(given, rounded)
-    four = Preprocessor.from_pretrained(tiny_checkpoint, video_frames=4)
-    assert four.kept_frames(frames) == [frames[k] for k in (0, 3, 6, 9)]
-    assert prep("x", video=frames[:5])["video_grid_thw"].tolist() == [[3, 2, 4]]  # 5 frames kept: 3 temporal patches
 
 
-def test_video_sizes_and_timestamps_are_transformers(tiny_checkpoint):
-    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as reference
-
-    from common import video_smart_resize
-    for frames in (2, 3, 8, 17):
-        for height, width in [(32, 64), (300, 170), (20, 700), (9, 40), (1080, 1920), (31, 33)]:
-            for low, high in [(1024, 16384), (4096, 32768), (128 * 1024, 768 * 1024), (0, 1)]:
-                assert video_smart_resize(frames, height, width, 2, 32, low, high) == \
-                    reference(frames, height, width, temporal_factor=2, factor=32, min_pixels=low, max_pixels=high)
-    prep = Preprocessor.from_pretrained(tiny_checkpoint)
-    for fps in (2.0, 1.0, 3.0, 24):
-        for frames in range(1, 18):
-            seconds = Qwen3VLProcessor._calculate_timestamps(None, list(range(frames)), fps, 2)
-            assert prep.video_processor.timestamps(frames, fps) == [f"<{s:.1f} seconds>" for s in seconds]
-    assert prep.video_processor.timestamps(8, 2.0) == [f"<{s} seconds>" for s in ("0.2", "1.2", "2.2", "3.2")]
 
 
-def test_video_layout_and_positions_match_transformers(tiny_embedder):
-    prep = tiny_embedder.preprocessor
+def test_video_layout_and_positions_match_transformers(family_embedder):
+    tiny_embedder, prep = family_embedder, family_embedder.preprocessor
     def decode(ids):
         return prep.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
     rgb, grey, _, _ = _images()
@@ -378,50 +305,19 @@ def test_video_layout_and_positions_match_transformers(tiny_embedder):
     assert torch.equal(reference[:, mask], batch["position_ids"][:, mask])
     assert batch["video_grid_thw"].tolist() == [[4, 2, 4], [3, 2, 4], [2, 6, 2]] and len(batch["image_grid_thw"]) == 2
     kinds = batch["mm_token_type_ids"]
-    assert torch.equal(kinds == 2, batch["input_ids"] == prep.video_pad_id) and (kinds == 1).sum() == \
-        (batch["input_ids"] == prep.image_pad_id).sum() > 0
+    assert torch.equal(kinds == 2, batch["input_ids"] == prep.pad_ids["video"]) and (kinds == 1).sum() == \
+        (batch["input_ids"] == prep.pad_ids["image"]).sum() > 0
     assert batch["pixel_values_videos"].shape == (32 + 24 + 24, 3 * 2 * 16 * 16)
     items = list(zip(texts, videos))
     assert [prep.num_tokens(text, video=video) for text, video in items] == [len(f["input_ids"]) for f in features[:3]]
 
 
-def test_video_patches_are_the_frames_cut_in_transformers_order(tiny_embedder):
-    import numpy as np
-    prep, frames = tiny_embedder.preprocessor, _frames(4)
-    feature = prep("", video=frames)
-    patches, (grid_t, grid_h, grid_w) = feature["pixel_values_videos"], feature["video_grid_thw"][0].tolist()
-    assert (grid_t, grid_h, grid_w) == (2, 2, 4) and patches.dtype == torch.uint8  # 64x32 frames, not resized
-    pixels = np.stack([np.asarray(f) for f in frames])  # (4, 32, 64, 3)
-    expected = []  # temporal patch, then merge group (row, column), then the merged patch's own 2 x 2, row-major
-    for t in range(grid_t):
-        for group_row in range(grid_h // 2):
-            for group_col in range(grid_w // 2):
-                for row in range(2 * group_row, 2 * group_row + 2):
-                    for col in range(2 * group_col, 2 * group_col + 2):
-                        block = pixels[2 * t:2 * t + 2, 16 * row:16 * (row + 1), 16 * col:16 * (col + 1)]  # (2, 16, 16, 3)
-                        expected.append(block.transpose(3, 0, 1, 2).reshape(-1))  # channel, frame, row, column
-    assert torch.equal(patches, torch.from_numpy(np.stack(expected)))
-    values = tiny_embedder.pixel_values(patches, video=True)  # no temporal copy: the frames are there
-    assert values.shape == patches.shape
-    torch.testing.assert_close(values, (patches.double() / 255 - 0.5).float() / 0.5, atol=1e-6, rtol=0)
 
 
-def test_an_odd_frame_count_pads_with_the_last_frame(tiny_checkpoint):
-    prep = Preprocessor.from_pretrained(tiny_checkpoint)
-    frames = _frames(3)
-    feature = prep("", video=frames)
-    assert feature["video_grid_thw"].tolist() == [[2, 2, 4]]
-    last = feature["pixel_values_videos"][8:].view(8, 3, 2, 16, 16)  # the second temporal patch: frame 3, twice
-    assert torch.equal(last[:, :, 0], last[:, :, 1]) and not torch.equal(feature["pixel_values_videos"][:8].view(
-        8, 3, 2, 16, 16)[:, :, 0], feature["pixel_values_videos"][:8].view(8, 3, 2, 16, 16)[:, :, 1])
-    assert torch.equal(last, prep("", video=[frames[2], frames[2]])["pixel_values_videos"].view(8, 3, 2, 16, 16))
-    text = prep.tokenizer.decode(feature["input_ids"].tolist())
-    assert "<0.2 seconds>" in text and "<1.0 seconds>" in text  # frames 2 and 2: 1.0 s, as transformers times them
-    one = prep("", video=frames[:1])  # transformers refuses one frame; here it is the pair it pads to
-    assert one["video_grid_thw"].tolist() == [[1, 2, 4]] and "<0.0 seconds>" in prep.tokenizer.decode(one["input_ids"])
 
 
-def test_encoding_a_video(tiny_embedder):
+def test_encoding_a_video(family_embedder):
+    tiny_embedder = family_embedder
     frames = _frames(8)
     changed = frames[:-1] + [Image.new("RGB", (64, 32), (250, 10, 10))]
     items = [{"text": "what happens?", "video": frames}, {"text": "what happens?", "image": frames[0]},
@@ -462,37 +358,12 @@ def test_a_videos_errors_name_it_and_inference_shrinks_one_too_long(tiny_checkpo
     feature = prep("", video=paths)
     assert len(feature["input_ids"]) == prep.num_tokens("", video=paths) == need - 4
     assert feature["video_grid_thw"].tolist() == [[4, 2, 2]]  # one merged patch a frame pair: it fits
-    assert prep.shrunk == [f"{paths[0]!r} (the first of 8 frames)"]
+    assert prep.shrunk == [f"video {paths[0]!r} (the first of 8 frames)"]
     assert torch.isfinite(inference.encode([{"text": "", "video": paths}])).all()
     with pytest.raises(UserError, match=r"frame_0000\.jpg.*do not fit max_length"):  # not even then: named
         load_for_inference(tiny_checkpoint, "float32", "cpu", max_length=need - 5)[0].preprocessor("", video=paths)
 
 
-def test_the_video_processor_settings_come_from_the_checkpoints_json(tiny_checkpoint, tmp_path):
-    import json
-    folder = str(tmp_path / "consolidated")
-    shutil.copytree(tiny_checkpoint, folder)
-    parts = {}
-    for key, name in [("image_processor", "preprocessor_config.json"),
-                      ("video_processor", "video_preprocessor_config.json")]:
-        with open(os.path.join(folder, name)) as f:
-            parts[key] = json.load(f)
-        os.remove(os.path.join(folder, name))  # transformers 5's layout: one processor_config.json
-    parts["video_processor"].update(size={"shortest_edge": 2048, "longest_edge": 65536}, image_mean=[0.25, 0.5, 0.75])
-    with open(os.path.join(folder, "processor_config.json"), "w") as f:
-        json.dump(dict(parts, processor_class="Qwen3VLProcessor"), f)
-    embedder = Embedder.from_pretrained(folder)
-    assert (embedder.spec.video_min_pixels, embedder.spec.video_max_pixels) == (2048, 65536)
-    assert embedder.preprocessor.video_processor.image_mean == (0.25, 0.5, 0.75)
-    assert embedder.video_pixel_table[0, 0] == (0 - 0.25 * 255) / (0.5 * 255)  # its mean, not the image processor's
-    assert Preprocessor.from_pretrained(folder, video_max_pixels=4096).video_processor.size["longest_edge"] == 4096
-    with pytest.raises(UserError, match="video_min_pixels 8192 > video_max_pixels 4096"):
-        Preprocessor.from_pretrained(folder, video_min_pixels=8192, video_max_pixels=4096)
-    parts["video_processor"]["cap_pixels_per_frame"] = True
-    with open(os.path.join(folder, "processor_config.json"), "w") as f:
-        json.dump(parts, f)
-    with pytest.raises(UserError, match=r"processor_config\.json: .*cap_pixels_per_frame"):
-        Preprocessor.from_pretrained(folder)
 
 
 def joining_space_and_bracket(checkpoint, folder):
@@ -532,4 +403,4 @@ def test_the_text_before_a_video_is_tokenised_with_its_first_timestamp(tiny_chec
     # a text before the video cut short by max_length keeps the ids it was cut to, the timestamp's after them
     short = Preprocessor.from_pretrained(folder, max_length=prep.num_tokens(text, video=frames) - 3)
     cut = short("many words " * 50 + f"word {VIDEO_MARKER}", video=frames)["input_ids"].tolist()
-    assert len(cut) == short.max_length and cut.count(prep.video_pad_id) == 4
+    assert len(cut) == short.max_length and cut.count(prep.pad_ids["video"]) == 4

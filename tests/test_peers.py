@@ -21,7 +21,7 @@ else:
     sentence_transformers = pytest.importorskip("sentence_transformers")
     mteb = pytest.importorskip("mteb")
 
-from common import VIDEO_MARKER  # noqa: E402
+from media import VIDEO_MARKER  # noqa: E402
 from model import Embedder  # noqa: E402
 from runs.export import save_hf_folder  # noqa: E402
 from shapes.tiny_model import make_tiny_checkpoint  # noqa: E402
@@ -29,14 +29,18 @@ from shapes.tiny_model import make_tiny_checkpoint  # noqa: E402
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """A Stage II (dot) and a Stage I (cosine) export of a tiny Qwen3.5 whose norms vary, and three pictures."""
+    """A Stage II (dot) and a Stage I (cosine) export of a tiny Qwen3.5 whose norms vary, one with mean pooling (the
+    fork of docs/forks.md), one of a tiny Qwen3-VL (the second backbone family), and three pictures."""
     root = tmp_path_factory.mktemp("peers")
     embedder = Embedder.from_pretrained(make_tiny_checkpoint(str(root / "tiny"), seed=0, final_norm_std=0.15))
+    second = Embedder.from_pretrained(make_tiny_checkpoint(str(root / "tiny_vl"), seed=0, final_norm_std=0.15,
+                                                           family="qwen3_vl"))
     paths = {}
-    for similarity in ("dot", "cos"):
-        paths[similarity] = str(root / f"export_{similarity}")
-        save_hf_folder(embedder.state_dict(), embedder.spec.replace(similarity=similarity), paths[similarity],
-                       {"step": 1, "config": {}})
+    for name, model, changes in [("dot", embedder, {"similarity": "dot"}), ("cos", embedder, {"similarity": "cos"}),
+                                 ("mean", embedder, {"similarity": "dot", "pooling": "mean"}),
+                                 ("qwen3_vl", second, {"similarity": "dot"})]:
+        paths[name] = str(root / f"export_{name}")
+        save_hf_folder(model.state_dict(), model.spec.replace(**changes), paths[name], {"step": 1, "config": {}})
     pictures = []
     for k, size in enumerate([(90, 60), (300, 200), (64, 64)]):  # the second is resized: where processors differ
         pictures.append(str(root / f"picture{k}.jpg"))
@@ -59,9 +63,9 @@ def as_sentence_transformers_input(item):
 def test_sentence_transformers_gives_encodes_vectors(exports):
     paths, pictures = exports
     items = items_of(pictures)
-    for similarity, name in (("dot", "dot"), ("cos", "cosine")):
-        expected = Embedder.from_pretrained(paths[similarity]).encode(items)
-        model = sentence_transformers.SentenceTransformer(paths[similarity], device="cpu")
+    for export, name in (("dot", "dot"), ("cos", "cosine"), ("mean", "dot"), ("qwen3_vl", "dot")):
+        expected = Embedder.from_pretrained(paths[export]).encode(items)
+        model = sentence_transformers.SentenceTransformer(paths[export], device="cpu")
         assert model.similarity_fn_name == name
         assert type(model[0].processor.image_processor).__name__ == "Qwen2VLImageProcessorPil"  # training's, not torchvision's
         inputs = [as_sentence_transformers_input(item) for item in items]

@@ -16,7 +16,8 @@ import pytest
 from matplotlib.colors import to_rgba
 from PIL import Image
 
-from common import IMAGE_MARKER, UserError
+from common import UserError
+from media import IMAGE_MARKER
 from tools import plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,6 +11,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 import configurator
 import eval as evaluation
@@ -18,18 +19,18 @@ from common import UserError
 from model import SPEC_FILE, Embedder, EmbeddingSpec
 from runs import outdir
 from runs.export import load_embedder, model_card
+from tests.toyrun import help_defaults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a value other than the default for every field: a new field must be given one here, and so checked below
-CHANGED = {"system_prompt": "Represent this item for retrieval.", "pooling": "mean_for_this_test",
+CHANGED = {"system_prompt": "Represent this item for retrieval.", "pooling": "mean",
            "similarity": "dot", "max_length": 300, "min_pixels": 2048, "max_pixels": 8192, "video_frames": 6,
            "video_min_pixels": 4096, "video_max_pixels": 32768, "video_fps": 1.0, "backbone": "/models/another-release"}
 
 
 @pytest.fixture
-def changed_spec(monkeypatch):
-    """A spec whose every field differs from the default (a pooling only this test knows, so it validates)."""
-    monkeypatch.setattr(EmbeddingSpec, "POOLINGS", EmbeddingSpec.POOLINGS + ("mean_for_this_test",))
+def changed_spec():
+    """A spec whose every field differs from the default."""
     return EmbeddingSpec(**CHANGED)
 
 
@@ -52,12 +53,13 @@ def test_every_field_is_kept_beside_the_weights_and_said_in_the_model_card(chang
 
 
 def test_every_field_is_a_training_key_a_resume_may_not_change():
-    keys = configurator.key_comments(os.path.join(ROOT, "train.py"))  # train.py's config keys, read off its source
+    keys = help_defaults("train.py")  # train.py's config keys and defaults, as its --help prints them
+    comments = configurator.key_comments(os.path.join(ROOT, "model.py"))  # and each with its field's comment
     for field in EmbeddingSpec.fields():
         if field == "backbone":  # the lineage: it follows init_from, which a resume may not change either
             assert "init_from" in outdir.DEFINING
             continue
-        assert field in keys and field in outdir.DEFINING, field
+        assert keys[field] == getattr(EmbeddingSpec(), field) and comments[field] and field in outdir.DEFINING, field
         before = {field: getattr(EmbeddingSpec(), field), "learning_rate": 1e-3}
         with pytest.raises(UserError, match=field):
             outdir.resume_changes(before, dict(before, **{field: CHANGED[field]}), allow_config_change=False)
@@ -75,34 +77,45 @@ def test_every_field_changes_evals_cache_key(changed_spec, tmp_path):
 def test_every_loader_gives_the_spec_an_export_holds(tiny_checkpoint, tmp_path):
     export = str(tmp_path / "export")
     shutil.copytree(tiny_checkpoint, export)
-    spec = EmbeddingSpec(**dict(CHANGED, pooling="last_token", backbone=tiny_checkpoint))  # a pooling Embedder runs
+    spec = EmbeddingSpec(**dict(CHANGED, backbone=tiny_checkpoint))
     spec.save(export)
     loaded = Embedder.from_pretrained(export)
     assert loaded.spec == spec == load_embedder(export)[0].spec  # the model's loader and runs/export.py's
     prompt = loaded.preprocessor.tokenizer.decode(loaded.preprocessor("x")["input_ids"])
     assert spec.system_prompt in prompt  # the spec builds the prompt
-    assert loaded.preprocessor.image_processor.size == {"shortest_edge": 2048, "longest_edge": 8192}
-    assert loaded.preprocessor.video_processor.size == {"shortest_edge": 4096, "longest_edge": 32768}
+    assert loaded.preprocessor.vision["image"].size == {"shortest_edge": 2048, "longest_edge": 8192}
+    assert loaded.preprocessor.vision["video"].size == {"shortest_edge": 4096, "longest_edge": 32768}
     assert loaded.preprocessor.max_length == 300
     again = load_embedder(export, max_pixels=4096, similarity="cos")[0].spec  # a caller's changes, field by field
     assert (again.max_pixels, again.similarity, again.system_prompt) == (4096, "cos", spec.system_prompt)
     assert load_embedder(export, max_pixels=0, similarity="")[0].spec == spec  # 0 and '': the export's own
     release = Embedder.from_pretrained(tiny_checkpoint).spec  # a release: the defaults, itself the backbone
     assert release.backbone == tiny_checkpoint and release.similarity == "cos"
-    assert release.max_pixels == 128 * 128  # its own image processor's budget, in numbers
+    assert (release.min_pixels, release.max_pixels) == (32 * 32, 1605632)  # its own least, the paper's most
     assert (release.video_min_pixels, release.video_max_pixels) == (32 * 32, 128 * 128)  # and its video processor's
     assert (release.video_frames, release.video_fps) == (8, 2.0)
-    with pytest.raises(UserError, match=r"pooling.*'last_token'.*'mean'"):  # the choices and the value
-        EmbeddingSpec(pooling="mean")
+    with pytest.raises(UserError, match=r"pooling must be one of 'last_token', 'mean', got 'sideways'"):
+        EmbeddingSpec(pooling="sideways")
+    with pytest.raises(UserError, match=r"similarity must be one of 'cos', 'dot', got 'euclid'"):
+        EmbeddingSpec(similarity="euclid")
 
 
-def test_a_pooling_choice_without_its_branch_names_where_the_branch_goes(tiny_embedder, monkeypatch):
-    from model import Preprocessor
-    monkeypatch.setattr(EmbeddingSpec, "POOLINGS", EmbeddingSpec.POOLINGS + ("mean",))  # a fork's first half
+def test_a_pooling_is_one_entry_that_reaches_the_vectors_the_export_and_the_card(tiny_embedder, monkeypatch, tmp_path):
+    import model
+    from model import Pooling, Preprocessor
+    first = Pooling(lambda hidden, mask: hidden[:, 0], "cls", "the state at the first token", "last_hidden_state[0, 0]")
+    monkeypatch.setitem(model.POOLINGS, "first_token", first)  # a fork's one entry
     pre = tiny_embedder.preprocessor
-    forked = Embedder(tiny_embedder.model, Preprocessor(pre.tokenizer, pre.image_processor, EmbeddingSpec(pooling="mean")))
-    with pytest.raises(UserError, match=r"pooling 'mean'.*no branch in Embedder\.pool"):
-        forked.encode([{"text": "a red circle", "image": None}])
+    forked = Embedder(tiny_embedder.model, Preprocessor(pre.tokenizer, pre.vision, pre.spec.replace(pooling="first_token")))
+    items = [{"text": "a red circle", "image": None}, {"text": "two blue squares", "image": None}]
+    vectors = forked.encode(items)
+    torch.testing.assert_close(vectors[0], vectors[1])  # the prompt's first token is the same for both
+    assert (vectors[0] - tiny_embedder.encode(items)[0]).abs().max() > 1e-3
+    from runs.export import save_hf_folder
+    save_hf_folder(forked.state_dict(), forked.spec, str(tmp_path / "export"), {"step": 1})
+    assert json.load(open(tmp_path / "export" / "1_Pooling" / "config.json"))["pooling_mode"] == "cls"
+    card = open(tmp_path / "export" / "README.md").read()
+    assert "the state at the first token (first-token" in card and ".last_hidden_state[0, 0]" in card
 
 
 def test_the_checkpoint_layer_names_the_spec_file_as_model_does():

@@ -197,7 +197,7 @@ def from_training_rows(path, table, count, seed, batch_size, num_workers, dtype,
     import eval as evaluation
     from runs.export import load_for_inference
     picked = random.Random(seed).sample(range(len(table)), min(count, len(table)))
-    rows = [data.filled(table, i, 0, seed) for i in picked]
+    rows = [data.row_with_negatives(table, i, 0, seed) for i in picked]
     embedder, _ = load_for_inference(path, dtype, common.compute_init(device)[3])
     items = [row["query"] for row in rows] + [row["candidates"][0] for row in rows]
     embeddings = embedder.encode(items, batch_size, common.worker_count(num_workers), progress="training rows")

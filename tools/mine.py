@@ -100,12 +100,12 @@ def retrieve(embeddings, query_index, positive_index, blocks, similarity, pool_s
         share = ((rows >= start) & (rows < end)).nonzero().flatten()  # positions in rows
         pool = positive_index[start:end].unique()  # (P,) the subset's distinct positives, item indices
         candidates, k = embeddings[pool].to(device), min(pool_size, len(pool))
-        compared, unit = loss.compared(candidates, similarity), loss.compared(candidates, "cos")  # (P, D) each, once
+        compared, unit = loss.comparison_vectors(candidates, similarity), loss.comparison_vectors(candidates, "cos")  # (P, D) each, once
         pool_on_device = pool.to(device)
         for chunk in share.split(max(1, 2**24 // max(1, len(pool)))):  # (b,) about 64 MB of float32 scores
             r = rows[chunk]
-            scores = loss.compared(embeddings[query_index[r]].to(device), similarity) @ compared.T  # (b, P) eq. 1/2
-            positives = loss.compared(embeddings[positive_index[r]].to(device), "cos")
+            scores = loss.comparison_vectors(embeddings[query_index[r]].to(device), similarity) @ compared.T  # (b, P) eq. 1/2
+            positives = loss.comparison_vectors(embeddings[positive_index[r]].to(device), "cos")
             near = positives @ unit.T > threshold  # (b, P) near-duplicates of the positive
             near |= pool_on_device[None, :] == positive_index[r].to(device)[:, None]  # the positive itself
             top = scores.masked_fill(near, -math.inf).topk(k, dim=1)  # (b, k)
@@ -200,7 +200,7 @@ def embed_and_retrieve(embedder, rows, blocks, pool_size, threshold, batch_size,
     if not torch.isfinite(embeddings).all():
         raise UserError("the embedder gave non-finite embeddings: mining with them would rank at random")
     similarity = embedder.spec.similarity
-    index, score = common.shared_rows(lambda share: retrieve(
+    index, score = evaluation.shared_rows(lambda share: retrieve(
         embeddings, query_index, candidate_index[:, 0], blocks, similarity, pool_size, threshold, run_device, share),
         len(rows), rank, world)
     if rank == 0:
@@ -243,7 +243,7 @@ def main(argv=None):
     rank, _, world, run_device = common.compute_init(device, timeout_minutes)
     if threads:
         torch.set_num_threads(threads)
-    rows = [data.filled(table, i, 0, 0) for i in range(len(table))]  # each row's query and positive
+    rows = [data.row_with_negatives(table, i, 0, 0) for i in range(len(table))]  # each row's query and positive
     blocks = subset_blocks(table.subsets)
     embedder, _ = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
                                      similarity=similarity)

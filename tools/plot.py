@@ -29,8 +29,8 @@ from matplotlib.markers import MarkerStyle  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 import configurator  # noqa: E402
-from common import IMAGE_MARKER, UserError, install_error_hook, replaced_atomically  # noqa: E402
-from model import load_image  # noqa: E402
+from common import UserError, install_error_hook, replaced_atomically  # noqa: E402
+from media import IMAGE_MARKER, load_image  # noqa: E402
 from runs.outdir import read_log  # noqa: E402
 from tools.geometry import format_number  # noqa: E402
 
@@ -251,11 +251,11 @@ def draw_cell(figure, place, item, header, frame, label, red_note=""):
 
 
 def thumbnail(image, size):
-    """image (a path or a PIL image) as the model sees it (model.load_image: upright, RGB, transparency on white),
+    """image (a path or a PIL image) as the model sees it (media.load_image: upright, RGB, transparency on white),
     fitted into a white size x size square, aspect kept; None when it cannot be read."""
     try:
         return ImageOps.pad(load_image(image), (size, size), color="white")
-    except ValueError:  # load_image's UserError: missing, unreadable, not an image, over Pillow's pixel limit
+    except ValueError:  # load_image's: missing, unreadable, not an image, over Pillow's pixel limit
         return None
 
 

@@ -36,7 +36,8 @@ from safetensors.torch import save_file
 import common
 import configurator
 import loss
-from common import IMAGE_MARKER, UserError
+from common import UserError
+from media import IMAGE_MARKER
 from readers.records import IMAGE_SUFFIXES, is_junk
 from runs.checkpoint import fingerprint
 from runs.export import load_for_inference
