@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 
 from common import UserError
 from readers import mmeb
-from readers.records import (IMAGE_SUFFIXES, BadRow, ImagePaths, SourceReport, is_junk, list_field, make_side, paired,
-                             read_records, text_field)
+from readers.records import (IMAGE_SUFFIXES, BadRow, ImagePaths, SourceReport, entry_pairs, is_junk, list_field,
+                             make_side, read_records, text_field)
 
 EVAL_COLUMNS = ("qry_text", "qry_img_path", "tgt_text", "tgt_img_path")
 V2_COLUMNS = ("qry_inst", "qry_text", "qry_img_path", "tgt_inst", "tgt_text", "tgt_img_path")
@@ -67,7 +67,7 @@ def eval_row(record, images, dataset, v2, rewrite):
         candidate_texts = mmeb.v2_candidates(kind, text_field(record, "tgt_inst"), candidate_texts)
     query = make_side(query_text, query_image, "qry_text", "qry_img_path", images, "empty query")
     candidates = [make_side(t, i, f"tgt_text[{k}]", f"tgt_img_path[{k}]", images, "empty candidate")
-                  for k, (t, i) in enumerate(paired(candidate_texts, candidate_images, "tgt_text", "tgt_img_path"))]
+                  for k, (t, i) in enumerate(entry_pairs(candidate_texts, candidate_images, "tgt_text", "tgt_img_path"))]
     if len(candidates) < 2:
         raise BadRow("tgt_text", f"{len(candidates)} candidates: at least the gold and one other needed",
                      "too few candidates")

@@ -193,7 +193,7 @@ def query_metrics(ranked, labels, grades, k):
             "mrr": 1.0 / (first + 1) if first is not None else 0.0}
 
 
-def checked_ks(ks):
+def k_list(ks):
     """ks -> sorted distinct positive ints (RankingMetrics sorts its k_list too), else a UserError."""
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
         raise UserError(f"ks must be positive integers, got {ks!r}")
@@ -205,7 +205,7 @@ def metrics_from_rankings(rankings, labels, rel_scores=None, ks=(1, 5, 10)):
     {"hit@1", ..., "ndcg_linear@k", "ndcg_exponential@k", "precision@k", "recall@k", "f1@k", "map@k", "mrr@k"} as
     fractions, each a plain mean over queries. labels: per query a list of gold names (or one name); rel_scores:
     None, or per query None or the golds' graded relevances, aligned with its labels."""
-    ks = checked_ks(ks)
+    ks = k_list(ks)
     if len(labels) != len(rankings) or (rel_scores is not None and len(rel_scores) != len(rankings)):
         raise UserError(f"{len(rankings)} queries but {len(labels)} label rows"
                         + (f" and {len(rel_scores)} rel_scores rows" if rel_scores is not None else ""))
@@ -231,7 +231,7 @@ def ranking_metrics(scores, candidate_names, labels, rel_scores=None, local=None
     (MVBench's "(@) ..." gold, readers/mmeb_v2_rows.py) count so; the reader counts them too."""
     if len(labels) != len(scores):
         raise UserError(f"scores have {len(scores)} queries but there are {len(labels)} label rows")
-    rankings = rank(scores, candidate_names, local, top=max(checked_ks(ks)))
+    rankings = rank(scores, candidate_names, local, top=max(k_list(ks)))
     return metrics_from_rankings(rankings, labels, rel_scores, ks)
 
 

@@ -200,7 +200,7 @@ def with_options(question, options):
     return (f"{question}\nOptions:\n" + "".join(line + "\n" for line in lettered)).rstrip(), lettered
 
 
-def unlettered(option):
+def option_text(option):
     """'A. a dog' -> 'a dog', as Video-MME's and EgoSchema's parsers cut the letter off (from the first '. ')."""
     return option[option.find(". "):].strip(". ")
 

@@ -32,8 +32,8 @@ from readers import mmeb_v2
 from readers.hf_files import annotation_files, rows
 from readers.mmeb_v2_data import (CLS_INSTRUCTIONS, LABELS, MRET_QUERY, PAGE_QUERY, PAGE_TARGET, RETRIEVAL,
                                   SEEKER_QUERY, SEEKER_TARGET, V2_TASKS, VIDEO_TARGET, annotation_folder, bad_row,
-                                  find_v2_tasks, first_root, index, item, natural_key, new_report, prompt, qa_prompt,
-                                  string, strings, unlettered, value, video_frames, with_options)
+                                  find_v2_tasks, first_root, index, item, natural_key, new_report, option_text, prompt,
+                                  qa_prompt, string, strings, value, video_frames, with_options)
 from readers.records import BadRow, is_junk, summary
 
 # -----------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def videomme(record, root, task):
         raise BadRow("answer", f"{answer!r} names none of the {len(options)} options", "answer not an option")
     frames = video_frames(os.path.join(root, string(record, "videoID")), "videoID")
     query = item(qa_prompt(string(record, "question") + "\n" + "\n".join(options)), video=frames)
-    return query, [(o, item(unlettered(o))) for o in options], [options["ABCD".index(answer)]]
+    return query, [(o, item(option_text(o))) for o in options], [options["ABCD".index(answer)]]
 
 
 def nextqa(record, root, task):
@@ -138,7 +138,7 @@ def egoschema(record, root, task):
     answer = index(record, "answer", len(options))
     frames = video_frames(os.path.join(root, string(record, "video_idx")), "video_idx")
     query = item(qa_prompt(string(record, "question") + " ".join(options)), video=frames)  # no space between: V's
-    return query, [(o, item(unlettered(o))) for o in options], [options[answer]]
+    return query, [(o, item(option_text(o))) for o in options], [options[answer]]
 
 
 def mvbench(record, root, task):

@@ -225,7 +225,7 @@ def make_side(text, image, text_name, image_name, images, reason="empty"):
     return {"text": text, "image": path}
 
 
-def paired(texts, paths, text_name, image_name):
+def entry_pairs(texts, paths, text_name, image_name):
     """A record's lists of texts and of image paths that go together entry by entry -> [(text, path)]; one of the
     two may be empty or absent (its entries are then ''), lists of different lengths are a bad row."""
     if texts and paths and len(texts) != len(paths):
@@ -265,7 +265,7 @@ def train_row(record, images, rewrite):
                       names["query_image"], images, "empty query")
     positive = make_side(text_field(record, names["positive"]), text_field(record, names["positive_image"]),
                          names["positive"], names["positive_image"], images, "empty positive")
-    pairs = paired(list_field(record, names["negatives"]), list_field(record, names["negative_images"]),
+    pairs = entry_pairs(list_field(record, names["negatives"]), list_field(record, names["negative_images"]),
                    names["negatives"], names["negative_images"])
     filler = next((t for t, _ in pairs if t), positive["text"])  # mmE5: an image negative's text, when its own is ''
     negatives, kept = [], []
