@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from common import UserError
 from readers import mmeb
 from readers.records import (IMAGE_SUFFIXES, BadRow, ImagePaths, SourceReport, entry_pairs, is_junk, list_field,
-                             make_side, read_records, text_field)
+                             make_side, read_records, row_message, text_field)
 
 EVAL_COLUMNS = ("qry_text", "qry_img_path", "tgt_text", "tgt_img_path")
 V2_COLUMNS = ("qry_inst", "qry_text", "qry_img_path", "tgt_inst", "tgt_text", "tgt_img_path")
@@ -101,7 +101,7 @@ def read_eval_dataset(folder, image_dir, skip_bad_rows=False, instructions="data
                 count += 1
             except BadRow as error:
                 if not skip_bad_rows:
-                    raise UserError(f"{path} {location} {error}") from None
+                    raise UserError(row_message(f"{path} {location}", error)) from None
                 report.bad_row(f"{path} {location}", error)
         report.files[path] = count
     report.instructions = {"mode": rewrite.mode, "counts": dict(rewrite.counts)}

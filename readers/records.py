@@ -80,12 +80,25 @@ def split_files(folder, split, files):
 # records and their fields
 
 class BadRow(UserError):
-    """One row's problem: the field it is in and its reason (counted by reason). Becomes an error naming the file
-    and row, or a skip."""
+    """One row's problem: the field it is in (None: the row as a whole, a line that does not parse) and its reason
+    (counted by reason). Becomes an error naming the file and row (row_message), or a skip."""
 
     def __init__(self, field, problem, reason):
-        super().__init__(f"field {field!r}: {problem}")
-        self.reason = reason
+        super().__init__(problem if field is None else f"field {field!r}: {problem}")
+        self.field, self.reason = field, reason
+
+
+def row_message(location, error):
+    """'t.jsonl line 12' and a BadRow -> "t.jsonl line 12 field 'query': empty: no text and no image", or
+    't.jsonl line 12: not a JSON object (column 41: invalid control character)' for a row as a whole."""
+    return f"{location} {error}" if error.field is not None else f"{location}: {error}"
+
+
+def json_error(error, line=False):
+    """A json.JSONDecodeError -> 'column 41: invalid control character' (with line: 'line 3, column 41: ...'): a
+    line of a JSON Lines file is parsed alone, so its error's own 'line 1' would be a second, wrong line number."""
+    what = error.msg.removesuffix(" at")  # 'Invalid control character at'
+    return (f"line {error.lineno}, " if line else "") + f"column {error.colno}: {what[:1].lower()}{what[1:]}"
 
 
 def json_lines(path, max_rows=None):
@@ -101,12 +114,14 @@ def json_lines(path, max_rows=None):
             count += 1
             try:
                 record = json.loads(line.decode("utf-8"))
-                if not isinstance(record, dict):
-                    raise ValueError("not a JSON object")
             except UnicodeDecodeError as error:
-                record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
-            except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
-                record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
+                record = BadRow(None, f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
+            except json.JSONDecodeError as error:
+                record = BadRow(None, f"not a JSON object ({json_error(error)})", "not UTF-8 JSON")
+            except RecursionError:  # valid JSON nested thousands deep
+                record = BadRow(None, "not a JSON object (nested too deep to read)", "not UTF-8 JSON")
+            if not isinstance(record, (dict, BadRow)):
+                record = BadRow(None, f"not a JSON object (a JSON {type(record).__name__})", "not UTF-8 JSON")
             yield f"line {line_number}", record
 
 
@@ -266,7 +281,7 @@ def train_row(record, images, rewrite):
     positive = make_side(text_field(record, names["positive"]), text_field(record, names["positive_image"]),
                          names["positive"], names["positive_image"], images, "empty positive")
     pairs = entry_pairs(list_field(record, names["negatives"]), list_field(record, names["negative_images"]),
-                   names["negatives"], names["negative_images"])
+                        names["negatives"], names["negative_images"])
     filler = next((t for t, _ in pairs if t), positive["text"])  # mmE5: an image negative's text, when its own is ''
     negatives, kept = [], []
     for k, (text, image) in enumerate(pairs):
@@ -331,7 +346,7 @@ class SourceReport:
 
     def bad_row(self, location, error):
         self.bad[error.reason] += 1
-        self.examples.setdefault(error.reason, f"{location} {error}")
+        self.examples.setdefault(error.reason, row_message(location, error))
 
     def to_dict(self):
         return {key: getattr(self, key) for key in self.FIELDS}

@@ -411,14 +411,29 @@ def test_lines_that_are_not_utf8_or_nest_too_deep_are_bad_rows(tmp_path):
     lines[3] = b"[" * 100_000 + b"]" * 100_000  # valid JSON nested 100,000 deep
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(UserError, match=r"t\.jsonl line 2 field '<line>': not UTF-8"):
+    with pytest.raises(UserError, match=r"t\.jsonl line 2: not UTF-8 text \(.* at byte 15\)"):
         read_rows(tmp_path, str(path), str(tmp_path), 1)
     path.write_bytes(b"\n".join(lines[:1] + lines[2:]) + b"\n")
-    with pytest.raises(UserError, match=r"t\.jsonl line 3 field '<line>': not a JSON object"):
+    with pytest.raises(UserError, match=r"t\.jsonl line 3: not a JSON object"):
         read_rows(tmp_path, str(path), str(tmp_path), 1)
     path.write_bytes(b"\n".join(lines) + b"\n")
     rows, reports = read_rows(tmp_path, str(path), str(tmp_path), 1, skip_bad_rows=True)
     assert skipped(reports) == 2 and len(rows) == 3
+
+
+def test_a_corrupt_json_line_is_named_by_one_line_number_and_its_column(tmp_path):
+    lines = [json.dumps(record(i)) for i in range(14)]
+    lines[11] = '{"qry": "' + "x" * 31 + "\t" + 'a tab", "pos_text": "p"}'  # a raw tab: JSON's strings refuse it
+    assert lines[11].index("\t") == 40  # column 41
+    path = tmp_path / "corrupt.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    _, reports = read_rows(tmp_path, str(path), str(tmp_path), 1, skip_bad_rows=True)
+    example = reports[0].examples["not UTF-8 JSON"]
+    assert skipped(reports) == 1 and example.startswith(f"{path} line 12: not a JSON object (column 41: ")
+    assert example[len(str(path)):].count("line") == 1 and "control character" in example
+    with pytest.raises(UserError) as error:  # the run's refusal carries the same one line
+        read_rows(tmp_path, str(path), str(tmp_path), 1)
+    assert f"{path} line 12: not a JSON object (column 41: " in str(error.value)
 
 
 def test_image_paths_may_not_leave_image_dir(tmp_path):
