@@ -26,9 +26,9 @@ with O_EXCL, on a shared file system too) converts; every other rank and node wa
 saying so; a lock left by a process that died on this host is taken over. The table is written under a temporary
 name and renamed, its JSON last.
 
-Every row is read, also past a bad one, so the reports count every problem: a bad row (a missing image, an
-empty query, negatives that do not parse) is left out of the table and counted by reason with its first example;
-a run refuses to start unless skip_bad_rows=True. A subset holding one of MMEB's 16 out-of-distribution
+Every row is read, also past a bad one, so the reports count every problem: a bad row (a missing image, a field
+outside its layout, an empty query, negatives that do not parse) is left out of the table and counted by reason
+with its first example; a run refuses to start unless skip_bad_rows=True. A subset holding one of MMEB's 16 out-of-distribution
 evaluation datasets is marked a leak, refused unless allow_eval_datasets=True.
 """
 import hashlib
@@ -43,9 +43,9 @@ import data
 from common import Progress, UserError, alive_here, lock_record, read_lock, relative_hint, replaced_atomically
 from readers import mmeb
 from readers.records import (DATA_SUFFIXES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport, data_files, is_junk,
-                             layout_of, read_records, split_files, train_row)
+                             layout_of, read_records, split_files, train_row, unknown_columns)
 
-FORMAT = 1  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
+FORMAT = 2  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)
 BATCH_ROWS = 65536  # rows a record batch of the table holds
 
@@ -209,10 +209,13 @@ def subset_batches(report, subset_files, max_rows, images, instructions, index, 
                 break
             files.append(path)
             report.files[path], progress = 0, Progress(None, f"data: reading {path}", "rows", every=30.0)
+            stray = unknown_columns(path)  # a column no layout has: every row of the file is bad, and says why
             for number, (location, record) in enumerate(read_records(path, TRAIN_COLUMNS, left), 1):
                 try:
                     if isinstance(record, BadRow):
                         raise record
+                    if stray:
+                        raise stray.with_traceback(None)  # one error for every row: no traceback piles up
                     row, missing = train_row(record, images, lambda text: rewrite(text, report.dataset))
                 except BadRow as error:
                     report.bad_row(f"{path} {location}", error)

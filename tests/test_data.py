@@ -450,6 +450,37 @@ def test_image_paths_may_not_leave_image_dir(tmp_path):
         assert skipped(read_rows(tmp_path, path, str(tmp_path / "images"), 1, skip_bad_rows=True)[1]) == 1
 
 
+def test_a_field_outside_its_layout_is_a_bad_row_naming_it_and_the_closest_known_one(tmp_path):
+    save_image(tmp_path / "photo.png")
+    plain = [{"query": f"q {i}", "positive": f"p {i}", "negatives": [f"n {i}"]} for i in range(6)]
+    plain[2] = {"query": "q 2", "query_img": "photo.png", "positive": "p 2"}  # would train as a text-only query
+    plain[4] = {"query": "q 4", "positve": "p 4", "positive_image": "photo.png"}  # its text would be dropped
+    path = write_jsonl(tmp_path / "mine.jsonl", plain)
+    with pytest.raises(UserError) as error:
+        read_rows(tmp_path, path, str(tmp_path), 1)
+    assert f"{path} line 3 field 'query_img'" in str(error.value) and "'query_image'?" in str(error.value)
+    rows, reports = read_rows(tmp_path, path, str(tmp_path), 1, skip_bad_rows=True)
+    assert len(rows) == 4 and skipped(reports) == 2
+    report = "\n".join(reports[0].lines())  # what --check_data=True prints: each unknown field, and its fix
+    for line, field, known in ((3, "query_img", "query_image"), (5, "positve", "positive")):
+        assert re.search(rf"bad rows: 1 .*{field}.*, e\.g\. {re.escape(path)} line {line} field '{field}': .*"
+                         rf"did you mean '{known}'\?", report), report
+    # a column no layout has, in a known layout's Parquet file: every row bad, named by file and column
+    table = pa.Table.from_pylist([dict(record(i), qry_img="photo.png") for i in range(3)])
+    pq.write_table(table, tmp_path / "mined.parquet")
+    with pytest.raises(UserError) as error:
+        read_rows(tmp_path, str(tmp_path / "mined.parquet"), str(tmp_path), 1)
+    assert f"mined.parquet row 0 field 'qry_img'" in str(error.value) and "'qry_image_path'?" in str(error.value)
+    rows, reports = read_rows(tmp_path, str(tmp_path / "mined.parquet"), str(tmp_path), 1, skip_bad_rows=True)
+    assert rows == [] and reports[0].bad == {"unknown field 'qry_img'": 3}
+    # what the real layouts carry beside the fields is read as before: mmE5-synthetic's modality, tools/mine.py's
+    # neg_score, the index pandas writes
+    table = pa.Table.from_pylist([dict(record(i), modality="I2T", neg_score="[0.5]") for i in range(3)])
+    pq.write_table(table.append_column("__index_level_0__", pa.array([7, 8, 9])), tmp_path / "known.parquet")
+    rows, reports = read_rows(tmp_path, str(tmp_path / "known.parquet"), str(tmp_path), 1)
+    assert len(rows) == 3 and not reports[0].bad
+
+
 def test_a_line_that_is_not_json_is_a_bad_row(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(record(i)) + "\n" for i in range(4)) + "{not json\n")
