@@ -66,8 +66,9 @@ def eval_row(record, images, dataset, v2, rewrite):
         query_text = mmeb.v2_query(kind, dataset, text_field(record, "qry_inst"), query_text)
         candidate_texts = mmeb.v2_candidates(kind, text_field(record, "tgt_inst"), candidate_texts)
     query = make_side(query_text, query_image, "qry_text", "qry_img_path", images, "empty query")
+    pairs = entry_pairs(candidate_texts, candidate_images, "tgt_text", "tgt_img_path")
     candidates = [make_side(t, i, f"tgt_text[{k}]", f"tgt_img_path[{k}]", images, "empty candidate")
-                  for k, (t, i) in enumerate(entry_pairs(candidate_texts, candidate_images, "tgt_text", "tgt_img_path"))]
+                  for k, (t, i) in enumerate(pairs)]
     if len(candidates) < 2:
         raise BadRow("tgt_text", f"{len(candidates)} candidates: at least the gold and one other needed",
                      "too few candidates")

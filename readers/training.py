@@ -28,8 +28,8 @@ name and renamed, its JSON last.
 
 Every row is read, also past a bad one, so the reports count every problem: a bad row (a missing image, a field
 outside its layout, an empty query, negatives that do not parse) is left out of the table and counted by reason
-with its first example; a run refuses to start unless skip_bad_rows=True. A subset holding one of MMEB's 16 out-of-distribution
-evaluation datasets is marked a leak, refused unless allow_eval_datasets=True.
+with its first example; a run refuses to start unless skip_bad_rows=True. A subset holding one of MMEB's 16
+out-of-distribution evaluation datasets is marked a leak, refused unless allow_eval_datasets=True.
 """
 import hashlib
 import json
