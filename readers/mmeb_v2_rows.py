@@ -390,7 +390,9 @@ def read_v2_task(v2_dir, name, skip_bad_rows=False):
 
 def select_v2_tasks(v2_dir, wanted, log=print):
     """eval.py's v2_tasks (task keys, families, 'video' / 'visdoc'; [] = every scored one found) -> the tasks to
-    score. A task named but not in v2_dir is an error naming what it lacks; log says which tasks are half there."""
+    score. An English-only ViDoRe v2 run (mmeb_v2.ENGLISH_ONLY) is taken by its exact name only: a family or a
+    modality means the 78. A task named but not in v2_dir is an error naming what it lacks; log says which tasks
+    are half there."""
     present, partial = find_v2_tasks(v2_dir)
     scored = [n for n in present if V2_TASKS[n].extra.get("scored", True)]
     for name, lack in partial.items():
@@ -408,12 +410,15 @@ def select_v2_tasks(v2_dir, wanted, log=print):
             group = mmeb_v2.FAMILIES[want]
         elif key in V2_TASKS:
             group = (key,)
+        elif want in mmeb_v2.ENGLISH_ONLY:  # scored apart from the 78, in no mean
+            group = (want,)
         elif key or want == "image" or want in mmeb_v2.FAMILIES:
             raise UserError(f"v2_tasks: {want!r} is an image task or family: the image tasks are read from mmeb_dir")
         else:
             families = [f for f, names in mmeb_v2.FAMILIES.items() if mmeb_v2.V2_TASKS[names[0]].modality != "image"]
-            raise UserError(f"v2_tasks: {want!r} is no MMEB-V2 video or visdoc task, family ({', '.join(families)}) "
-                            "or modality (video, visdoc)")
+            raise UserError(f"v2_tasks: {want!r} is no MMEB-V2 video or visdoc task, family ({', '.join(families)}), "
+                            "modality (video, visdoc) or English-only ViDoRe v2 run "
+                            f"({', '.join(mmeb_v2.ENGLISH_ONLY)})")
         names += [n for n in group if n not in names]
     absent = [n for n in names if n not in present]
     if absent:
