@@ -481,6 +481,47 @@ def test_a_field_outside_its_layout_is_a_bad_row_naming_it_and_the_closest_known
     assert len(rows) == 3 and not reports[0].bad
 
 
+def test_check_data_finds_an_image_deleted_after_the_conversion_as_a_conversion_would(tmp_path):
+    from readers import training
+    from readers.records import SourceReport
+    from tests.rows import table
+    for name in ("a.png", "b.png", "c.png"):
+        save_image(tmp_path / name)
+    records = [record(i, qry_image_path="a.png") for i in range(6)]
+    records[2]["qry_image_path"] = "b.png"
+    records[4]["neg_image_path"] = ["", "c.png", "", "", ""]
+    path = write_jsonl(tmp_path / "t.jsonl", records)
+    cached = table(str(tmp_path / "first"), path, str(tmp_path), 1)  # converted while every image was there
+    os.remove(tmp_path / "b.png")
+    os.remove(tmp_path / "c.png")
+    found = table(str(tmp_path / "first"), path, str(tmp_path), 1)  # a start: the cached table, images not looked at
+    assert found.path == cached.path and not found.subsets[0]["bad"]
+    subsets = training.subsets_on_disk(found)
+    report = SourceReport.from_dict(subsets[0])
+    assert report.bad == {"missing image": 2} and report.rows == 4
+    assert report.examples["missing image"] == f"{path} line 3 field 'qry_image_path': image not found: {tmp_path / 'b.png'}"
+    refusal = training.problems(subsets, 1, skip_bad_rows=False)
+    assert len(refusal) == 1 and "2 bad rows" in refusal[0] and f"{path} line 3" in refusal[0]
+    assert training.problems(subsets, 1, skip_bad_rows=True) == []  # counted, skipped
+    # the same report a fresh conversion writes now
+    with pytest.raises(UserError, match=re.escape(f"{path} line 3 field 'qry_image_path': image not found")):
+        table(str(tmp_path / "fresh"), path, str(tmp_path), 1)
+    _, fresh = read_rows(str(tmp_path / "fresh"), path, str(tmp_path), 1, skip_bad_rows=True)
+    assert {key: getattr(report, key) for key in ("bad", "examples", "files", "negatives", "judged")} == \
+        {key: getattr(fresh[0], key) for key in ("bad", "examples", "files", "negatives", "judged")}
+    assert [line for line in report.lines() if "bad rows" in line] == \
+        [line for line in fresh[0].lines() if "bad rows" in line]
+    # a negative's image, named by its field as the conversion names it
+    save_image(tmp_path / "c.png")
+    records[2]["qry_image_path"] = "a.png"
+    path = write_jsonl(tmp_path / "u.jsonl", records)
+    found = table(str(tmp_path / "second"), path, str(tmp_path), 1)
+    os.remove(tmp_path / "c.png")
+    report = SourceReport.from_dict(training.subsets_on_disk(found)[0])
+    assert report.examples == {"missing image": f"{path} line 5 field 'neg_image_path[1]': image not found: "
+                                                f"{tmp_path / 'c.png'}"}
+
+
 def test_a_line_that_is_not_json_is_a_bad_row(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(record(i)) + "\n" for i in range(4)) + "{not json\n")
