@@ -445,7 +445,7 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
                 f"--video_frames={embedder.spec.video_frames} keeps fewer (--video_frames={most} for its reading)")
         result = evaluate_v2_task(embedder, task, embedder.spec.similarity, settings["batch_size"], workers, rank,
                                   world_size)
-        info = mmeb_v2.V2_TASKS[name]
+        info = mmeb_v2.v2_task(name)
         unreachable = task["report"].get("unreachable", 0)  # an answer none of its row's options is: VLM2Vec's miss
         per_task[name] = dict(result, family=info.family, metric=info.metric, eval_type=info.eval_type,
                               skipped=task["report"]["skipped"], unreachable_golds=unreachable)

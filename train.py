@@ -118,14 +118,16 @@ configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_
 
 table = data.TrainTable(readers.prepared_table(train_data, image_dir, table_dir, train_split, instructions,
                                                allow_any_image_path))
+if check_data:  # the table's name covers its row files, not their images: each looked up again (seconds)
+    table.subsets = readers.subsets_on_disk(table)
 problems = readers.problems(table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, soft_labels == "judge")
 if len(table) < batch_size:
     problems.append(f"{len(table):,} usable rows cannot fill one batch of {batch_size}")
 if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
     configurator.print_config(config)
     print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)))
-    bad = sum(sum(s["bad"].values()) for s in table.subsets)
-    print(f"check_data: {len(table.subsets)} subsets, {len(table):,} usable rows, {bad:,} bad; " + (
+    bad, usable = (sum(sum(s[key].values()) for s in table.subsets) for key in ("bad", "files"))
+    print(f"check_data: {len(table.subsets)} subsets, {usable:,} usable rows, {bad:,} bad; " + (
         "the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
     sys.exit(1 if problems else 0)
 if problems:

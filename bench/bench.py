@@ -31,7 +31,9 @@ round, so the machine's speed and its drift cancel out.
    list-literal strings with '' entries, images/<Subset>/Train/ paths, 20 subsets) converted into the prepared
    table (readers/training.py, once: rows per second, memory at the peak), then two training starts at once on it,
    as two ranks: seconds and the private memory each grows by before its first step, and the file pages it maps
-   (shared); extrapolated to the paper's 2.03M rows.
+   (shared); then --check_data=True on the cached table (every image it names looked up, each folder listed once):
+   seconds and rows per second, which grow with the image files (--startup_images a subset, 1,000 by default);
+   extrapolated to the paper's 2.03M rows.
 On a GPU the step rows add tokens/s, MFU (train_step.step_flops over train_step.peak_flops) and peak memory; the
 header says which Gated DeltaNet kernels run (train_step.kernel_report). --fsdp=True joins a one-rank process group (gloo on
 CPU, NCCL on CUDA), shards both stages' models with train_step.fully_shard_embedder and runs forward_backward's
@@ -87,6 +89,7 @@ seed = 0  # seeds the synthetic data
 out = ""  # also write the results as JSON here (rewritten after every row: a run cut short keeps what it did)
 compare = ""  # a previous --out JSON: ratios more than 10 % worse than there are flagged REGRESSION
 startup_rows = 200_000  # rows the startup section reads
+startup_images = 1000  # image files a subset of its download holds (at most one a row): what --check_data looks up
 config = configure(globals(), sys.argv[1:]) if __name__ == "__main__" else {}
 real_shape = shape != "tiny"  # the defaults that depend on the shape (0 or None above)
 batch_size = batch_size or (32 if real_shape else 8)
@@ -373,20 +376,22 @@ def measure_eval(results, embedder, toy, device):
                              f"workers){dedup}")
 
 
-def measure_startup(results, num_rows):
+def measure_startup(results, num_rows, images_per_subset):
     """Section 7: num_rows rows of a synthetic mmE5 download converted into the prepared table, then two training
     starts on it at once (synthetic.startup_figures), each in a process of its own: conversion rows per second and
-    its memory at the peak, each start's seconds and private memory before its first step, extrapolated to the
-    paper's 2.03M rows."""
+    its memory at the peak, each start's seconds and private memory before its first step, --check_data=True's
+    seconds on the cached table, extrapolated to the paper's 2.03M rows."""
     print(f"7. start-up: {num_rows:,} rows in the mmE5-MMEB-hardneg layout (20 subsets, list-literal negatives), "
           "converted once, then two starts at once as two ranks, each in a process of its own", flush=True)
-    row = synthetic.startup_figures(num_rows, num_hard_negatives, seed)
+    row = synthetic.startup_figures(num_rows, num_hard_negatives, seed, images_per_subset)
     results.add("startup", row, f"  conversion {row['conversion_rows_per_s']:,.0f} rows/s (peak growth "
                 f"{row['conversion_peak_growth_bytes_per_row']:,.0f} bytes a row, table {row['table_bytes_per_row']:,.0f} "
                 f"bytes a row) | a start {row['start_s']:.2f} s, {row['start_private_bytes'] / 2**20:.1f} MB private, "
-                f"{row['start_file_resident_bytes'] / 2**20:.1f} MB of mapped pages (shared) | the paper's "
-                f"{row['paper_rows']:,} rows: conversion about {row['paper_conversion_s']:,.0f} s once, a start at most "
-                f"{row['paper_start_s_at_most']:.1f} s and {row['paper_start_private_mb_at_most']:.0f} MB private per "
+                f"{row['start_file_resident_bytes'] / 2**20:.1f} MB of mapped pages (shared) | --check_data=True on "
+                f"the cached table {row['check_data_s']:.2f} s ({row['check_data_rows_per_s']:,.0f} rows/s, each of "
+                f"{row['image_files']:,} image files looked up) | the paper's {row['paper_rows']:,} rows: conversion about "
+                f"{row['paper_conversion_s']:,.0f} s once, --check_data about {row['paper_check_data_s']:.1f} s, a "
+                f"start at most {row['paper_start_s_at_most']:.1f} s and {row['paper_start_private_mb_at_most']:.0f} MB private per "
                 f"rank, a table of {row['paper_table_gb']:.2f} GB")
 
 
@@ -429,8 +434,9 @@ def main():
     wanted = set(sections.split(",")) & {"step", "cut"} if fsdp else set(sections.split(","))
     if wanted == {"startup"}:  # no model needed
         results = Results(out, compare)
-        results.data["header"] = {"sections": sections, "startup_rows": startup_rows, "seed": seed}
-        measure_startup(results, startup_rows)
+        results.data["header"] = {"sections": sections, "startup_rows": startup_rows,
+                                  "startup_images": startup_images, "seed": seed}
+        measure_startup(results, startup_rows, startup_images)
         return
     temporary = tempfile.TemporaryDirectory(prefix="pace_bench_", ignore_cleanup_errors=True)  # removed at exit
     torch.manual_seed(seed)
@@ -472,7 +478,7 @@ def main():
     if "eval" in wanted:
         attempt(results, "eval", "eval", measure_eval, merged.to(ptdtype), toy, run_device)  # eval.py's compute dtype
     if "startup" in wanted:
-        measure_startup(results, startup_rows)
+        measure_startup(results, startup_rows, startup_images)
     if fsdp:
         dist.barrier()
         dist.destroy_process_group()

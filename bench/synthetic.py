@@ -368,6 +368,21 @@ def measure_start(root, image_dir, table_dir, num_negatives, batch_size, seed):
                       "file_resident": after_shared - shared, "problems": len(problems), "batch_rows": len(rows)}))
 
 
+def measure_check(root, image_dir, table_dir, num_negatives):
+    """In a process of its own (python -m bench.synthetic check ...): train.py's --check_data=True on a table
+    already converted: find and open the table, look up every image it names (readers.training.subsets_on_disk),
+    check and print the reports. One JSON line: rows, seconds, the bad rows it found."""
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        table = data.TrainTable(readers.prepared_table([root], image_dir, table_dir))
+        subsets = readers.subsets_on_disk(table)
+        problems = readers.problems(subsets, num_negatives, False)
+        print("\n".join(readers.report_lines(subsets, num_negatives)))
+    seconds = time.perf_counter() - start
+    print(json.dumps({"rows": len(table), "seconds": seconds, "bad": sum(sum(s["bad"].values()) for s in subsets),
+                      "problems": len(problems)}))
+
+
 def started(*args):
     """python -m bench.synthetic ARGS, started in a process of its own (read it with printed_json)."""
     return subprocess.Popen([sys.executable, "-m", "bench.synthetic", *map(str, args)], cwd=REPOSITORY,
@@ -382,24 +397,28 @@ def printed_json(process):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def startup_figures(num_rows, num_negatives, seed, ranks=2, batch_size=256, paper=2_030_000):
+def startup_figures(num_rows, num_negatives, seed, images_per_subset=1000, ranks=2, batch_size=256, paper=2_030_000):
     """The bench's start-up row: num_rows rows of mmE5_download converted into the prepared table (once, as the
-    first start does), then `ranks` training starts at once on it, each in a process of its own; per row and
-    extrapolated to the paper's rows (linearly: an upper bound for the start, which reads the table's description
-    and one batch's rows)."""
+    first start does), then `ranks` training starts at once on it, each in a process of its own, then
+    --check_data=True's look-up of every image on the cached table; per row and extrapolated to the paper's rows
+    (linearly: an upper bound for the start, which reads the table's description and one batch's rows)."""
     with tempfile.TemporaryDirectory(prefix="pace_startup_") as folder:
-        images = min(1000, max(10, num_rows // len(SUBSETS)))  # a subset's images: 1,000 from 20,000 rows on
+        images = min(images_per_subset, max(10, num_rows // len(SUBSETS)))  # a subset's: at most one a row
         root, tables = mmE5_download(folder, num_rows, num_negatives, seed, images), os.path.join(folder, "tables")
         conversion = printed_json(started("convert", root, folder, tables))
         processes = [started("start", root, folder, tables, num_negatives, batch_size, seed) for _ in range(ranks)]
         starts = [printed_json(process) for process in processes]  # all at once, as the ranks of a run
+        check = printed_json(started("check", root, folder, tables, num_negatives))
     rows, scale = conversion["rows"], paper / conversion["rows"]
     start_s, private = max(s["seconds"] for s in starts), max(s["private_growth"] for s in starts)
-    return {"name": "startup", "rows": rows, "ranks": ranks, "conversion_rows_per_s": rows / conversion["seconds"],
+    return {"name": "startup", "rows": rows, "ranks": ranks, "image_files": images * len(SUBSETS),
+            "conversion_rows_per_s": rows / conversion["seconds"],
             "conversion_peak_growth_bytes_per_row": conversion["peak_growth"] / rows,
             "table_bytes_per_row": conversion["table_bytes"] / rows, "start_s": start_s,
             "start_private_bytes": private, "start_file_resident_bytes": max(s["file_resident"] for s in starts),
-            "paper_rows": paper, "paper_conversion_s": paper * conversion["seconds"] / rows,
+            "check_data_s": check["seconds"], "check_data_rows_per_s": rows / check["seconds"],
+            "check_data_bad": check["bad"], "paper_rows": paper,
+            "paper_conversion_s": paper * conversion["seconds"] / rows, "paper_check_data_s": paper * check["seconds"] / rows,
             "paper_start_s_at_most": start_s * scale, "paper_start_private_mb_at_most": private * scale / 2**20,
             "paper_table_gb": paper * conversion["table_bytes"] / rows / 2**30}
 
@@ -407,5 +426,7 @@ def startup_figures(num_rows, num_negatives, seed, ranks=2, batch_size=256, pape
 if __name__ == "__main__":
     if sys.argv[1] == "convert":
         measure_conversion(*sys.argv[2:5])
+    elif sys.argv[1] == "check":
+        measure_check(*sys.argv[2:5], int(sys.argv[5]))
     else:
         measure_start(*sys.argv[2:5], *map(int, sys.argv[5:8]))

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 
 from common import UserError
 from readers import mmeb
-from readers.records import (IMAGE_SUFFIXES, BadRow, ImagePaths, SourceReport, is_junk, list_field, make_side, paired,
-                             read_records, text_field)
+from readers.records import (IMAGE_SUFFIXES, BadRow, ImagePaths, SourceReport, entry_pairs, is_junk, list_field,
+                             make_side, read_records, row_message, text_field)
 
 EVAL_COLUMNS = ("qry_text", "qry_img_path", "tgt_text", "tgt_img_path")
 V2_COLUMNS = ("qry_inst", "qry_text", "qry_img_path", "tgt_inst", "tgt_text", "tgt_img_path")
@@ -66,8 +66,9 @@ def eval_row(record, images, dataset, v2, rewrite):
         query_text = mmeb.v2_query(kind, dataset, text_field(record, "qry_inst"), query_text)
         candidate_texts = mmeb.v2_candidates(kind, text_field(record, "tgt_inst"), candidate_texts)
     query = make_side(query_text, query_image, "qry_text", "qry_img_path", images, "empty query")
+    pairs = entry_pairs(candidate_texts, candidate_images, "tgt_text", "tgt_img_path")
     candidates = [make_side(t, i, f"tgt_text[{k}]", f"tgt_img_path[{k}]", images, "empty candidate")
-                  for k, (t, i) in enumerate(paired(candidate_texts, candidate_images, "tgt_text", "tgt_img_path"))]
+                  for k, (t, i) in enumerate(pairs)]
     if len(candidates) < 2:
         raise BadRow("tgt_text", f"{len(candidates)} candidates: at least the gold and one other needed",
                      "too few candidates")
@@ -101,7 +102,7 @@ def read_eval_dataset(folder, image_dir, skip_bad_rows=False, instructions="data
                 count += 1
             except BadRow as error:
                 if not skip_bad_rows:
-                    raise UserError(f"{path} {location} {error}") from None
+                    raise UserError(row_message(f"{path} {location}", error)) from None
                 report.bad_row(f"{path} {location}", error)
         report.files[path] = count
     report.instructions = {"mode": rewrite.mode, "counts": dict(rewrite.counts)}

@@ -16,7 +16,7 @@ import re
 import yaml
 
 from common import UserError
-from readers.records import BadRow, is_junk, json_lines, read_records
+from readers.records import BadRow, is_junk, json_error, json_lines, read_records
 
 DATA_SUFFIXES = (".parquet", ".json", ".jsonl")
 SPLIT_WORDS = {"train": ("train", "training"), "test": ("test", "testing", "eval", "evaluation"),
@@ -142,10 +142,12 @@ def json_records(path):
         records = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise UserError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except ValueError as error:
-        raise UserError(f"{path}: not a JSON array: {str(error)[:120]}") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}: not a JSON array ({json_error(error, line=True)})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a JSON array (nested too deep to read)") from None
     for k, record in enumerate(records):
-        yield f"row {k}", record if isinstance(record, dict) else BadRow("<row>", "not a JSON object", "not JSON")
+        yield f"row {k}", record if isinstance(record, dict) else BadRow(None, "not a JSON object", "not JSON")
 
 
 def rows(files, columns, limit=None):

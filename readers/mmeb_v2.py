@@ -22,7 +22,8 @@ VLM2Vec/ViDoSeek-page-fixed and VLM2Vec/MMLongBench-page-fixed, and report_score
 '<key>-fixed' in its JSON report. Here the key is the yaml key (what the task reader and the score files say);
 task_key() takes the '-fixed' name too, and the table marks the two, since numbers from before the fix (VLM2Vec's
 v2.0 score files) are on the old data. VLM2Vec also runs or reports tasks outside the 78 (MomentSeeker_1k8, the
-pre-dedup MomentSeeker; the English-only ViDoRe_*_v2 variants): the means leave them out and name them.
+pre-dedup MomentSeeker; the English-only ViDoRe_*_v2 runs, ENGLISH_ONLY, which eval.py scores when
+--v2_tasks names them and reports under their own heading and key): the means leave them out and name them.
 
 How VLM2Vec ranks (eval.py, dense embeddings): scores are the dot products of L2-normalised float32 embeddings.
 eval_type 'global' ranks every query against the whole de-duplicated pool, in the pool's order, with
@@ -93,12 +94,23 @@ MODALITIES = {m: tuple(n for n, t in V2_TASKS.items() if t.modality == m) for m 
 FAMILIES = {family: tuple(n for n, t in V2_TASKS.items() if t.family == family)
             for family in dict.fromkeys(t.family for t in V2_TASKS.values())}  # family -> keys, in table order
 RENAMED = {"ViDoSeek-page": "ViDoSeek-page-fixed", "MMLongBench-page": "MMLongBench-page-fixed"}  # key -> report name
+ENGLISH_ONLY = {f"ViDoRe_{topic}_v2": V2Task("visdoc", "ViDoRe_v2", HEADLINE["visdoc"], "global")
+                for topic in ("biomedical_lectures", "economics_reports", "esg_reports")}
+# visdoc.yaml's English-only runs of three ViDoRe v2 sets: not among the 78, so scored apart and in no mean
 
 
 def task_key(name):
     """A task name -> its yaml key ('ViDoSeek-page-fixed' -> 'ViDoSeek-page'), or None if not one of the 78."""
     name = {report: key for key, report in RENAMED.items()}.get(name, name)
     return name if name in V2_TASKS else None
+
+
+def v2_task(name):
+    """A task eval.py scores -> its V2Task: one of the 78 (either name) or an English-only ViDoRe v2 run."""
+    key = task_key(name)
+    if key is None and name not in ENGLISH_ONLY:
+        raise UserError(f"{name!r} is neither one of MMEB-V2's 78 tasks nor one of {', '.join(ENGLISH_ONLY)}")
+    return V2_TASKS[key] if key else ENGLISH_ONLY[name]
 
 
 # -----------------------------------------------------------------------------
@@ -193,7 +205,7 @@ def query_metrics(ranked, labels, grades, k):
             "mrr": 1.0 / (first + 1) if first is not None else 0.0}
 
 
-def checked_ks(ks):
+def k_list(ks):
     """ks -> sorted distinct positive ints (RankingMetrics sorts its k_list too), else a UserError."""
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
         raise UserError(f"ks must be positive integers, got {ks!r}")
@@ -205,7 +217,7 @@ def metrics_from_rankings(rankings, labels, rel_scores=None, ks=(1, 5, 10)):
     {"hit@1", ..., "ndcg_linear@k", "ndcg_exponential@k", "precision@k", "recall@k", "f1@k", "map@k", "mrr@k"} as
     fractions, each a plain mean over queries. labels: per query a list of gold names (or one name); rel_scores:
     None, or per query None or the golds' graded relevances, aligned with its labels."""
-    ks = checked_ks(ks)
+    ks = k_list(ks)
     if len(labels) != len(rankings) or (rel_scores is not None and len(rel_scores) != len(rankings)):
         raise UserError(f"{len(rankings)} queries but {len(labels)} label rows"
                         + (f" and {len(rel_scores)} rel_scores rows" if rel_scores is not None else ""))
@@ -231,7 +243,7 @@ def ranking_metrics(scores, candidate_names, labels, rel_scores=None, local=None
     (MVBench's "(@) ..." gold, readers/mmeb_v2_rows.py) count so; the reader counts them too."""
     if len(labels) != len(scores):
         raise UserError(f"scores have {len(scores)} queries but there are {len(labels)} label rows")
-    rankings = rank(scores, candidate_names, local, top=max(checked_ks(ks)))
+    rankings = rank(scores, candidate_names, local, top=max(k_list(ks)))
     return metrics_from_rankings(rankings, labels, rel_scores, ks)
 
 
@@ -245,30 +257,40 @@ def coverage(names, scores):
             "missing": [n for n in names if n not in scores], "total": len(names)}
 
 
+def headline(name, result):
+    """A task's metric dict (fractions) -> its headline metric x 100; a UserError when the metric is not there."""
+    metric = v2_task(name).metric
+    value = result.get(metric) if isinstance(result, dict) else None
+    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise UserError(f"per_task[{name!r}]: needs {metric!r} as a fraction in [0, 1] (VLM2Vec's score file), "
+                        f"got {value!r}")
+    return 100.0 * value
+
+
 def aggregate_v2(per_task):
     """{task name: its metric dict (fractions, as ranking_metrics gives)} -> {"tasks": {key: headline x 100},
     "families": {family: coverage}, "modalities": {modality: coverage + "label"}, "all": coverage + "label",
-    "complete": all 78 there, "not_scored": names given that are not among the 78 (not averaged)}. Coverage:
-    {"mean", "present", "missing", "total"}; family means are over the family's tasks; modality and all-task
-    means are plain means over tasks, not over families (as VLM2Vec reports them). Only the full 78 is labelled
-    the MMEB-V2 overall; a partial set says 'N of 78'."""
-    scores, not_scored = {}, []
+    "complete": all 78 there, "english_only": {English-only ViDoRe v2 run: headline x 100} (scored, in no mean),
+    "not_scored": other names given that are not among the 78 (not averaged)}. Coverage: {"mean", "present",
+    "missing", "total"}; family means are over the family's tasks; modality and all-task means are plain means
+    over tasks, not over families (as VLM2Vec reports them). Only the full 78 is labelled the MMEB-V2 overall; a
+    partial set says 'N of 78'."""
+    scores, english_only, not_scored = {}, {}, []
     for name, result in per_task.items():
         key = task_key(name)
-        if key is None:
+        if name in ENGLISH_ONLY:
+            english_only[name] = headline(name, result)
+        elif key is None:
             not_scored.append(name)
-            continue
-        if key in scores:
+        elif key in scores:
             raise UserError(f"per_task: {key!r} is given twice (as {key!r} and as {RENAMED[key]!r})")
-        metric = V2_TASKS[key].metric
-        value = result.get(metric) if isinstance(result, dict) else None
-        if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-            raise UserError(f"per_task[{name!r}]: needs {metric!r} as a fraction in [0, 1] (VLM2Vec's score file), "
-                            f"got {value!r}")
-        scores[key] = 100.0 * value
+        else:
+            scores[key] = headline(name, result)
     summary = {"tasks": {n: scores[n] for n in V2_TASKS if n in scores},
                "families": {family: coverage(names, scores) for family, names in FAMILIES.items()},
-               "modalities": {}, "all": coverage(tuple(V2_TASKS), scores), "not_scored": not_scored}
+               "modalities": {}, "all": coverage(tuple(V2_TASKS), scores),
+               "english_only": {n: english_only[n] for n in ENGLISH_ONLY if n in english_only},
+               "not_scored": not_scored}
     for modality, names in MODALITIES.items():
         c = summary["modalities"][modality] = coverage(names, scores)
         c["label"] = f"{modality}: {len(c['present'])} of {c['total']} tasks"
@@ -311,6 +333,11 @@ def format_table_v2(per_task, title):
     if c["missing"]:
         lines += textwrap.wrap(f"missing ({len(c['missing'])} of {c['total']}): " + ", ".join(c["missing"]), 118,
                                subsequent_indent="  ")
+    if summary["english_only"]:
+        lines.append("ViDoRe v2, English-only runs: not among the 78, in no mean")
+        for name, score in summary["english_only"].items():
+            queries = per_task[name].get("num_queries", per_task[name].get("num_data", ""))
+            lines.append(f"    {name:<46}{number(score):>7}  {ENGLISH_ONLY[name].metric:<15}{queries:>8}")
     if summary["not_scored"]:
         lines.append("not among the 78 scored tasks (not averaged): " + ", ".join(summary["not_scored"]))
     if any(name in scores for name in RENAMED):

@@ -59,7 +59,7 @@ import re
 from common import UserError
 from media import IMAGE_MARKER, VIDEO_MARKER
 from readers.hf_files import data_files
-from readers.records import BadRow, is_junk
+from readers.records import BadRow, is_junk, row_message
 
 # -----------------------------------------------------------------------------
 # the tasks: VLM2Vec-V2's video.yaml and visdoc.yaml, with the HF repos their parsers load
@@ -201,7 +201,7 @@ def with_options(question, options):
     return (f"{question}\nOptions:\n" + "".join(line + "\n" for line in lettered)).rstrip(), lettered
 
 
-def unlettered(option):
+def option_text(option):
     """'A. a dog' -> 'a dog', as Video-MME's and EgoSchema's parsers cut the letter off (from the first '. ')."""
     return option[option.find(". "):].strip(". ")
 
@@ -277,9 +277,9 @@ def new_report(name, task, folder):
 def bad_row(report, name, path, location, error, skip_bad_rows):
     """Raise a row's problem naming the task, file and row, or count it (skip_bad_rows)."""
     if not skip_bad_rows:
-        raise UserError(f"{name}: {path} {location} {error}") from None
+        raise UserError(f"{name}: {row_message(f'{path} {location}', error)}") from None
     report["skipped"][error.reason] = report["skipped"].get(error.reason, 0) + 1
-    report["examples"].setdefault(error.reason, f"{path} {location} {error}")
+    report["examples"].setdefault(error.reason, row_message(f"{path} {location}", error))
 
 
 def first_root(v2_dir, task):

@@ -32,8 +32,8 @@ from readers import mmeb_v2
 from readers.hf_files import annotation_files, rows
 from readers.mmeb_v2_data import (CLS_INSTRUCTIONS, LABELS, MRET_QUERY, PAGE_QUERY, PAGE_TARGET, RETRIEVAL,
                                   SEEKER_QUERY, SEEKER_TARGET, V2_TASKS, VIDEO_TARGET, annotation_folder, bad_row,
-                                  find_v2_tasks, first_root, index, item, natural_key, new_report, prompt, qa_prompt,
-                                  string, strings, unlettered, value, video_frames, with_options)
+                                  find_v2_tasks, first_root, index, item, natural_key, new_report, option_text, prompt,
+                                  qa_prompt, string, strings, value, video_frames, with_options)
 from readers.records import BadRow, is_junk, summary
 
 # -----------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def videomme(record, root, task):
         raise BadRow("answer", f"{answer!r} names none of the {len(options)} options", "answer not an option")
     frames = video_frames(os.path.join(root, string(record, "videoID")), "videoID")
     query = item(qa_prompt(string(record, "question") + "\n" + "\n".join(options)), video=frames)
-    return query, [(o, item(unlettered(o))) for o in options], [options["ABCD".index(answer)]]
+    return query, [(o, item(option_text(o))) for o in options], [options["ABCD".index(answer)]]
 
 
 def nextqa(record, root, task):
@@ -138,7 +138,7 @@ def egoschema(record, root, task):
     answer = index(record, "answer", len(options))
     frames = video_frames(os.path.join(root, string(record, "video_idx")), "video_idx")
     query = item(qa_prompt(string(record, "question") + " ".join(options)), video=frames)  # no space between: V's
-    return query, [(o, item(unlettered(o))) for o in options], [options[answer]]
+    return query, [(o, item(option_text(o))) for o in options], [options[answer]]
 
 
 def mvbench(record, root, task):
@@ -390,7 +390,9 @@ def read_v2_task(v2_dir, name, skip_bad_rows=False):
 
 def select_v2_tasks(v2_dir, wanted, log=print):
     """eval.py's v2_tasks (task keys, families, 'video' / 'visdoc'; [] = every scored one found) -> the tasks to
-    score. A task named but not in v2_dir is an error naming what it lacks; log says which tasks are half there."""
+    score. An English-only ViDoRe v2 run (mmeb_v2.ENGLISH_ONLY) is taken by its exact name only: a family or a
+    modality means the 78. A task named but not in v2_dir is an error naming what it lacks; log says which tasks
+    are half there."""
     present, partial = find_v2_tasks(v2_dir)
     scored = [n for n in present if V2_TASKS[n].extra.get("scored", True)]
     for name, lack in partial.items():
@@ -408,12 +410,15 @@ def select_v2_tasks(v2_dir, wanted, log=print):
             group = mmeb_v2.FAMILIES[want]
         elif key in V2_TASKS:
             group = (key,)
+        elif want in mmeb_v2.ENGLISH_ONLY:  # scored apart from the 78, in no mean
+            group = (want,)
         elif key or want == "image" or want in mmeb_v2.FAMILIES:
             raise UserError(f"v2_tasks: {want!r} is an image task or family: the image tasks are read from mmeb_dir")
         else:
             families = [f for f, names in mmeb_v2.FAMILIES.items() if mmeb_v2.V2_TASKS[names[0]].modality != "image"]
-            raise UserError(f"v2_tasks: {want!r} is no MMEB-V2 video or visdoc task, family ({', '.join(families)}) "
-                            "or modality (video, visdoc)")
+            raise UserError(f"v2_tasks: {want!r} is no MMEB-V2 video or visdoc task, family ({', '.join(families)}), "
+                            "modality (video, visdoc) or English-only ViDoRe v2 run "
+                            f"({', '.join(mmeb_v2.ENGLISH_ONLY)})")
         names += [n for n in group if n not in names]
     absent = [n for n in names if n not in present]
     if absent:

@@ -20,11 +20,15 @@ A training record comes in one of two layouts, told apart by its columns:
 - plain, for your own data: query, query_image, positive, positive_image, negatives (a list of texts),
   negative_images (a list of image paths, entry by entry with negatives; either list may be absent), and
   optionally positive_judge and negative_judges. Negatives are taken as they are.
-Only a row whose query or positive has neither text nor image is bad: BadRow names the field and a reason, which
-becomes an error naming the file and the row, or a skip counted by reason.
+A field outside its layout (mmE5's also carries mmE5-synthetic's modality and tools/mine.py's neg_score; pandas'
+__index_level_0__ is no field) is a bad row naming it and the closest known field, never dropped in silence: a
+misspelt query_img would train a text-only query. Otherwise only a row whose query or positive has neither text
+nor image is bad: BadRow names the field and a reason, which becomes an error naming the file and the row, or a
+skip counted by reason.
 """
 import ast
 import collections
+import difflib
 import functools
 import json
 import os
@@ -81,12 +85,25 @@ def split_files(folder, split, files):
 # records and their fields
 
 class BadRow(UserError):
-    """One row's problem: the field it is in and its reason (counted by reason). Becomes an error naming the file
-    and row, or a skip."""
+    """One row's problem: the field it is in (None: the row as a whole, a line that does not parse) and its reason
+    (counted by reason). Becomes an error naming the file and row (row_message), or a skip."""
 
     def __init__(self, field, problem, reason):
-        super().__init__(f"field {field!r}: {problem}")
-        self.reason = reason
+        super().__init__(problem if field is None else f"field {field!r}: {problem}")
+        self.field, self.reason = field, reason
+
+
+def row_message(location, error):
+    """'t.jsonl line 12' and a BadRow -> "t.jsonl line 12 field 'query': empty: no text and no image", or
+    't.jsonl line 12: not a JSON object (column 41: invalid control character)' for a row as a whole."""
+    return f"{location} {error}" if error.field is not None else f"{location}: {error}"
+
+
+def json_error(error, line=False):
+    """A json.JSONDecodeError -> 'column 41: invalid control character' (with line: 'line 3, column 41: ...'): a
+    line of a JSON Lines file is parsed alone, so its error's own 'line 1' would be a second, wrong line number."""
+    what = error.msg.removesuffix(" at")  # 'Invalid control character at'
+    return (f"line {error.lineno}, " if line else "") + f"column {error.colno}: {what[:1].lower()}{what[1:]}"
 
 
 def json_lines(path, max_rows=None):
@@ -102,12 +119,14 @@ def json_lines(path, max_rows=None):
             count += 1
             try:
                 record = json.loads(line.decode("utf-8"))
-                if not isinstance(record, dict):
-                    raise ValueError("not a JSON object")
             except UnicodeDecodeError as error:
-                record = BadRow("<line>", f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
-            except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
-                record = BadRow("<line>", f"not a JSON object: {str(error)[:120]}", "not UTF-8 JSON")
+                record = BadRow(None, f"not UTF-8 text ({error.reason} at byte {error.start})", "not UTF-8 JSON")
+            except json.JSONDecodeError as error:
+                record = BadRow(None, f"not a JSON object ({json_error(error)})", "not UTF-8 JSON")
+            except RecursionError:  # valid JSON nested thousands deep
+                record = BadRow(None, "not a JSON object (nested too deep to read)", "not UTF-8 JSON")
+            if not isinstance(record, (dict, BadRow)):
+                record = BadRow(None, f"not a JSON object (a JSON {type(record).__name__})", "not UTF-8 JSON")
             yield f"line {line_number}", record
 
 
@@ -129,6 +148,19 @@ def read_records(path, columns, max_rows=None):
                 return
             yield f"row {count}", record
             count += 1
+
+
+def unknown_columns(path):
+    """A Parquet file's columns outside its layout (records.unknown_fields) -> the BadRow every row of the file is,
+    or None. read_records reads only the known columns, so a misspelt one is caught here, once a file; a JSON Lines
+    row names its own fields, which train_row checks."""
+    if not path.endswith(".parquet"):
+        return None
+    try:
+        names = pq.read_schema(path).names
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds
+        raise UserError(f"{path}: cannot read it as Parquet: {error}") from None
+    return unknown_fields(names, layout_of(names))
 
 
 def text_field(record, field):
@@ -226,7 +258,7 @@ def make_side(text, image, text_name, image_name, images, reason="empty"):
     return {"text": text, "image": path}
 
 
-def paired(texts, paths, text_name, image_name):
+def entry_pairs(texts, paths, text_name, image_name):
     """A record's lists of texts and of image paths that go together entry by entry -> [(text, path)]; one of the
     two may be empty or absent (its entries are then ''), lists of different lengths are a bad row."""
     if texts and paths and len(texts) != len(paths):
@@ -242,23 +274,51 @@ MMEB_NAMES = {"query": "qry", "query_image": "qry_image_path", "positive": "pos_
               "negatives": "neg_text", "negative_images": "neg_image_path", "positive_judge": "pos_judge",
               "negative_judges": "neg_judge"}  # the plain layout's column -> mmE5's
 PLAIN_NAMES = {name: name for name in MMEB_NAMES}
+LAYOUT_FIELDS = {"mmE5": frozenset(MMEB_NAMES.values()) | {"modality", "neg_score"}, "plain": frozenset(PLAIN_NAMES)}
+# every field a layout may hold; mmE5-synthetic's `modality` and tools/mine.py's `neg_score` are carried, never read
+PANDAS_INDEX = re.compile(r"__index_level_\d+__$")  # the index pandas' to_parquet may write: a column, not a field
 
 
 def layout_of(record):
-    """'mmE5' (mmE5's and MMEB-train's columns) or 'plain' (the file docstring)."""
+    """'mmE5' (mmE5's and MMEB-train's columns) or 'plain' (the file docstring). record: a dict, or a file's
+    column names."""
     return "mmE5" if "qry" in record or "pos_text" in record else "plain"
+
+
+def closest_field(name, layout):
+    """A field name its layout lacks -> ' (did you mean 'query_image'?)', or '' when no field is close."""
+    close = difflib.get_close_matches(name, sorted(LAYOUT_FIELDS[layout]), n=1) or \
+        difflib.get_close_matches(name, TRAIN_COLUMNS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_fields(fields, layout):
+    """A record's fields (or a Parquet file's columns) -> a BadRow naming those its layout does not have, each
+    with the closest known field, or None when every field is known. A misspelt field is never dropped in
+    silence: `query_img` would leave the query without its image."""
+    unknown = [name for name in fields if name not in LAYOUT_FIELDS[layout] and not PANDAS_INDEX.match(str(name))]
+    if not unknown:
+        return None
+    hints = [closest_field(str(name), layout) for name in unknown]
+    others = "".join(f"; nor {name!r}{hint}" for name, hint in zip(unknown[1:], hints[1:]))
+    fields = "" if any(hints) else f" (its fields: {', '.join(sorted(LAYOUT_FIELDS[layout]))})"
+    return BadRow(unknown[0], f"not a field of the {layout} layout{hints[0]}{others}{fields}",
+                  f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
 
 
 def train_row(record, images, rewrite):
     """One training record (either layout, the file docstring) -> (row, missing negatives): row = {"query",
     "query_image", "positive", "positive_image", "negatives", "negative_images", "judge"}, the query's text through
     rewrite (the instructions), images as resolved paths (None for none), judge the scores of the positive and of
-    each kept negative (None when the record has none)."""
-    mmE5 = layout_of(record) == "mmE5"
+    each kept negative (None when the record has none). A field outside the record's layout is a bad row."""
+    layout = layout_of(record)
+    mmE5 = layout == "mmE5"
     if not mmE5 and "query" not in record and "positive" not in record:
+        got = ", ".join(f"{name}{closest_field(str(name), layout)}" for name in record) or "none"
         raise BadRow("query", f"no query column: mmE5's layout has {', '.join(MMEB_NAMES.values())}; the plain "
-                              f"layout {', '.join(MMEB_NAMES)} (got {', '.join(map(str, record)) or 'none'})",
-                     "missing column")
+                              f"layout {', '.join(MMEB_NAMES)} (got {got})", "missing column")
+    if not record.keys() <= LAYOUT_FIELDS[layout] and (unknown := unknown_fields(record, layout)):
+        raise unknown
     names = MMEB_NAMES if mmE5 else PLAIN_NAMES
     if not mmE5:  # the plain layout: a side without text or without an image may leave out its column
         record = {**{name: "" for name in ("query", "query_image", "positive", "positive_image")}, **record}
@@ -266,8 +326,8 @@ def train_row(record, images, rewrite):
                       names["query_image"], images, "empty query")
     positive = make_side(text_field(record, names["positive"]), text_field(record, names["positive_image"]),
                          names["positive"], names["positive_image"], images, "empty positive")
-    pairs = paired(list_field(record, names["negatives"]), list_field(record, names["negative_images"]),
-                   names["negatives"], names["negative_images"])
+    pairs = entry_pairs(list_field(record, names["negatives"]), list_field(record, names["negative_images"]),
+                        names["negatives"], names["negative_images"])
     filler = next((t for t, _ in pairs if t), positive["text"])  # mmE5: an image negative's text, when its own is ''
     negatives, kept = [], []
     for k, (text, image) in enumerate(pairs):
@@ -332,7 +392,7 @@ class SourceReport:
 
     def bad_row(self, location, error):
         self.bad[error.reason] += 1
-        self.examples.setdefault(error.reason, f"{location} {error}")
+        self.examples.setdefault(error.reason, row_message(location, error))
 
     def to_dict(self):
         return {key: getattr(self, key) for key in self.FIELDS}

@@ -6,6 +6,7 @@ readers/training.py: the training downloads converted into the one prepared tabl
                           image_dir="data/mmE5", table_dir="data/tables")
     table = data.TrainTable(path)
     problems(table.subsets, num_hard_negatives=5, skip_bad_rows=False)     # [] when a run would start
+    problems(subsets_on_disk(table), 5, False)     # --check_data=True: every image the table names looked up again
 
 A train_data entry is a file (.parquet / .jsonl), a subset folder, or a download's root (a folder of subset
 folders), or a dict {"path": ..., "image_dir": ..., "max_rows": ...} so sources with different image roots mix in
@@ -26,10 +27,13 @@ with O_EXCL, on a shared file system too) converts; every other rank and node wa
 saying so; a lock left by a process that died on this host is taken over. The table is written under a temporary
 name and renamed, its JSON last.
 
-Every row is read, also past a bad one, so the reports count every problem: a bad row (a missing image, an
-empty query, negatives that do not parse) is left out of the table and counted by reason with its first example;
-a run refuses to start unless skip_bad_rows=True. A subset holding one of MMEB's 16 out-of-distribution
-evaluation datasets is marked a leak, refused unless allow_eval_datasets=True.
+Every row is read, also past a bad one, so the reports count every problem: a bad row (a missing image, a field
+outside its layout, an empty query, negatives that do not parse) is left out of the table and counted by reason
+with its first example; a run refuses to start unless skip_bad_rows=True. A subset holding one of MMEB's 16
+out-of-distribution evaluation datasets is marked a leak, refused unless allow_eval_datasets=True. A start finds
+a cached table without looking at its images (one gone since is named, or skipped, when a worker meets it);
+--check_data=True looks every one up again (subsets_on_disk) and counts a row whose image is gone as the
+conversion would have.
 """
 import hashlib
 import json
@@ -37,16 +41,18 @@ import os
 import socket
 import time
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import data
 from common import Progress, UserError, relative_hint, replaced_atomically
 from readers import mmeb
-from readers.records import (DATA_SUFFIXES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport, data_files, is_junk,
-                             layout_of, read_records, split_files, train_row)
+from readers.records import (DATA_SUFFIXES, MMEB_NAMES, PLAIN_NAMES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport,
+                             data_files, is_junk, layout_of, read_records, split_files, train_row, unknown_columns)
 from runs.outdir import alive_here, lock_record, read_lock
 
-FORMAT = 1  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
+FORMAT = 2  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)
 BATCH_ROWS = 65536  # rows a record batch of the table holds
 
@@ -210,10 +216,13 @@ def subset_batches(report, subset_files, max_rows, images, instructions, index, 
                 break
             files.append(path)
             report.files[path], progress = 0, Progress(None, f"data: reading {path}", "rows", every=30.0)
+            stray = unknown_columns(path)  # a column no layout has: every row of the file is bad, and says why
             for number, (location, record) in enumerate(read_records(path, TRAIN_COLUMNS, left), 1):
                 try:
                     if isinstance(record, BadRow):
                         raise record
+                    if stray:
+                        raise stray.with_traceback(None)  # one error for every row: no traceback piles up
                     row, missing = train_row(record, images, lambda text: rewrite(text, report.dataset))
                 except BadRow as error:
                     report.bad_row(f"{path} {location}", error)
@@ -274,6 +283,46 @@ def checked_table(train_data, image_dir, table_dir="data/tables", num_hard_negat
     if found:
         raise UserError("train_data: " + "; ".join(found))
     return table
+
+
+def subsets_on_disk(table):
+    """--check_data=True on a prepared table (data.TrainTable), found cached or just converted: every image it
+    names looked up again, since its name covers the row files and options, not the images they name (the table
+    names no videos). Each folder is listed once (records.ImagePaths), so 2.03M rows cost seconds (bench/RESULTS.md).
+    -> the subsets' reports as dicts (table.subsets' form), a row whose image is gone counted as the conversion
+    counts it: a bad row 'missing image' naming its file, row and field, taken out of its subset's rows, negatives
+    and judged rows."""
+    query, positive, negatives = (table.column(name) for name in ("query_image", "positive_image", "negative_images"))
+    named = pa.chunked_array(query.chunks + positive.chunks + pc.list_flatten(negatives).chunks, pa.string())
+    images = ImagePaths("/")
+    gone = pa.array([path for path in pc.unique(named).drop_null().to_pylist() if not images.exists(path)],
+                    pa.string())
+    reports = [SourceReport.from_dict(values) for values in table.subsets]
+    if len(gone):  # which rows name them: (bad rows,) sorted, each told as the conversion tells it
+        rows = np.union1d(np.flatnonzero(pc.is_in(query, value_set=gone).to_numpy()),
+                          np.flatnonzero(pc.is_in(positive, value_set=gone).to_numpy()))
+        hits = pc.is_in(pc.list_flatten(negatives), value_set=gone)
+        rows = np.union1d(rows, pc.list_parent_indices(negatives).filter(hits).to_numpy())
+        missing = set(gone.to_pylist())
+        for i in rows.tolist():
+            report_missing_image(table, i, reports[table.subset_of[i]], missing)
+    return [report.to_dict() for report in reports]
+
+
+def report_missing_image(table, i, report, gone):
+    """Row i of table, whose image is gone: counted in its subset's report as the conversion counts such a row."""
+    names = MMEB_NAMES if report.layout == "mmE5" else PLAIN_NAMES
+    get = lambda name: table.column(name)[i].as_py()  # noqa: E731
+    negatives = get("negative_images")
+    sides = [(names["query_image"], get("query_image")), (names["positive_image"], get("positive_image"))]
+    sides += [(f"{names['negative_images']}[{k}]", path) for k, path in enumerate(negatives)]  # k: among those kept
+    field, path = next((field, path) for field, path in sides if path in gone)
+    source = table.info["files"][get("file")]
+    report.bad_row(f"{source} {get('location')}", BadRow(field, f"image not found: {path}", "missing image"))
+    report.files[source] -= 1
+    report.negatives[len(negatives)] -= 1
+    report.negatives = +report.negatives  # a count at 0 is no count
+    report.judged -= get("judge") is not None
 
 
 def report_lines(subsets, num_hard_negatives):

@@ -89,6 +89,8 @@ def test_startup_converts_a_download_in_the_mmE5_layout_and_starts_two_ranks_on_
     assert 200 < row["table_bytes_per_row"] < 2000  # a row: its texts, paths and five negatives
     assert 0 <= row["start_private_bytes"] < 200 * 2**20  # a start holds no copy of the rows
     assert row["paper_conversion_s"] == pytest.approx(2_030_000 / row["conversion_rows_per_s"])
+    assert row["check_data_bad"] == 0 and row["check_data_rows_per_s"] == pytest.approx(500 / row["check_data_s"])
+    assert "--check_data=True on the cached table" in stdout
     assert "the paper's 2,030,000 rows" in stdout
 
 

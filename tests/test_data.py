@@ -411,14 +411,29 @@ def test_lines_that_are_not_utf8_or_nest_too_deep_are_bad_rows(tmp_path):
     lines[3] = b"[" * 100_000 + b"]" * 100_000  # valid JSON nested 100,000 deep
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(UserError, match=r"t\.jsonl line 2 field '<line>': not UTF-8"):
+    with pytest.raises(UserError, match=r"t\.jsonl line 2: not UTF-8 text \(.* at byte 15\)"):
         read_rows(tmp_path, str(path), str(tmp_path), 1)
     path.write_bytes(b"\n".join(lines[:1] + lines[2:]) + b"\n")
-    with pytest.raises(UserError, match=r"t\.jsonl line 3 field '<line>': not a JSON object"):
+    with pytest.raises(UserError, match=r"t\.jsonl line 3: not a JSON object"):
         read_rows(tmp_path, str(path), str(tmp_path), 1)
     path.write_bytes(b"\n".join(lines) + b"\n")
     rows, reports = read_rows(tmp_path, str(path), str(tmp_path), 1, skip_bad_rows=True)
     assert skipped(reports) == 2 and len(rows) == 3
+
+
+def test_a_corrupt_json_line_is_named_by_one_line_number_and_its_column(tmp_path):
+    lines = [json.dumps(record(i)) for i in range(14)]
+    lines[11] = '{"qry": "' + "x" * 31 + "\t" + 'a tab", "pos_text": "p"}'  # a raw tab: JSON's strings refuse it
+    assert lines[11].index("\t") == 40  # column 41
+    path = tmp_path / "corrupt.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    _, reports = read_rows(tmp_path, str(path), str(tmp_path), 1, skip_bad_rows=True)
+    example = reports[0].examples["not UTF-8 JSON"]
+    assert skipped(reports) == 1 and example.startswith(f"{path} line 12: not a JSON object (column 41: ")
+    assert example[len(str(path)):].count("line") == 1 and "control character" in example
+    with pytest.raises(UserError) as error:  # the run's refusal carries the same one line
+        read_rows(tmp_path, str(path), str(tmp_path), 1)
+    assert f"{path} line 12: not a JSON object (column 41: " in str(error.value)
 
 
 def test_image_paths_may_not_leave_image_dir(tmp_path):
@@ -433,6 +448,78 @@ def test_image_paths_may_not_leave_image_dir(tmp_path):
         rows, _ = read_rows(tmp_path, path, str(tmp_path / "images"), 1, allow_any_image_path=True)
         assert rows[1]["candidates"][0]["image"] == str(tmp_path / "outside.png")
         assert skipped(read_rows(tmp_path, path, str(tmp_path / "images"), 1, skip_bad_rows=True)[1]) == 1
+
+
+def test_a_field_outside_its_layout_is_a_bad_row_naming_it_and_the_closest_known_one(tmp_path):
+    save_image(tmp_path / "photo.png")
+    plain = [{"query": f"q {i}", "positive": f"p {i}", "negatives": [f"n {i}"]} for i in range(6)]
+    plain[2] = {"query": "q 2", "query_img": "photo.png", "positive": "p 2"}  # would train as a text-only query
+    plain[4] = {"query": "q 4", "positve": "p 4", "positive_image": "photo.png"}  # its text would be dropped
+    path = write_jsonl(tmp_path / "mine.jsonl", plain)
+    with pytest.raises(UserError) as error:
+        read_rows(tmp_path, path, str(tmp_path), 1)
+    assert f"{path} line 3 field 'query_img'" in str(error.value) and "'query_image'?" in str(error.value)
+    rows, reports = read_rows(tmp_path, path, str(tmp_path), 1, skip_bad_rows=True)
+    assert len(rows) == 4 and skipped(reports) == 2
+    report = "\n".join(reports[0].lines())  # what --check_data=True prints: each unknown field, and its fix
+    for line, field, known in ((3, "query_img", "query_image"), (5, "positve", "positive")):
+        assert re.search(rf"bad rows: 1 .*{field}.*, e\.g\. {re.escape(path)} line {line} field '{field}': .*"
+                         rf"did you mean '{known}'\?", report), report
+    # a column no layout has, in a known layout's Parquet file: every row bad, named by file and column
+    table = pa.Table.from_pylist([dict(record(i), qry_img="photo.png") for i in range(3)])
+    pq.write_table(table, tmp_path / "mined.parquet")
+    with pytest.raises(UserError) as error:
+        read_rows(tmp_path, str(tmp_path / "mined.parquet"), str(tmp_path), 1)
+    assert f"mined.parquet row 0 field 'qry_img'" in str(error.value) and "'qry_image_path'?" in str(error.value)
+    rows, reports = read_rows(tmp_path, str(tmp_path / "mined.parquet"), str(tmp_path), 1, skip_bad_rows=True)
+    assert rows == [] and reports[0].bad == {"unknown field 'qry_img'": 3}
+    # what the real layouts carry beside the fields is read as before: mmE5-synthetic's modality, tools/mine.py's
+    # neg_score, the index pandas writes
+    table = pa.Table.from_pylist([dict(record(i), modality="I2T", neg_score="[0.5]") for i in range(3)])
+    pq.write_table(table.append_column("__index_level_0__", pa.array([7, 8, 9])), tmp_path / "known.parquet")
+    rows, reports = read_rows(tmp_path, str(tmp_path / "known.parquet"), str(tmp_path), 1)
+    assert len(rows) == 3 and not reports[0].bad
+
+
+def test_check_data_finds_an_image_deleted_after_the_conversion_as_a_conversion_would(tmp_path):
+    from readers import training
+    from readers.records import SourceReport
+    from tests.rows import table
+    for name in ("a.png", "b.png", "c.png"):
+        save_image(tmp_path / name)
+    records = [record(i, qry_image_path="a.png") for i in range(6)]
+    records[2]["qry_image_path"] = "b.png"
+    records[4]["neg_image_path"] = ["", "c.png", "", "", ""]
+    path = write_jsonl(tmp_path / "t.jsonl", records)
+    cached = table(str(tmp_path / "first"), path, str(tmp_path), 1)  # converted while every image was there
+    os.remove(tmp_path / "b.png")
+    os.remove(tmp_path / "c.png")
+    found = table(str(tmp_path / "first"), path, str(tmp_path), 1)  # a start: the cached table, images not looked at
+    assert found.path == cached.path and not found.subsets[0]["bad"]
+    subsets = training.subsets_on_disk(found)
+    report = SourceReport.from_dict(subsets[0])
+    assert report.bad == {"missing image": 2} and report.rows == 4
+    assert report.examples["missing image"] == f"{path} line 3 field 'qry_image_path': image not found: {tmp_path / 'b.png'}"
+    refusal = training.problems(subsets, 1, skip_bad_rows=False)
+    assert len(refusal) == 1 and "2 bad rows" in refusal[0] and f"{path} line 3" in refusal[0]
+    assert training.problems(subsets, 1, skip_bad_rows=True) == []  # counted, skipped
+    # the same report a fresh conversion writes now
+    with pytest.raises(UserError, match=re.escape(f"{path} line 3 field 'qry_image_path': image not found")):
+        table(str(tmp_path / "fresh"), path, str(tmp_path), 1)
+    _, fresh = read_rows(str(tmp_path / "fresh"), path, str(tmp_path), 1, skip_bad_rows=True)
+    assert {key: getattr(report, key) for key in ("bad", "examples", "files", "negatives", "judged")} == \
+        {key: getattr(fresh[0], key) for key in ("bad", "examples", "files", "negatives", "judged")}
+    assert [line for line in report.lines() if "bad rows" in line] == \
+        [line for line in fresh[0].lines() if "bad rows" in line]
+    # a negative's image, named by its field as the conversion names it
+    save_image(tmp_path / "c.png")
+    records[2]["qry_image_path"] = "a.png"
+    path = write_jsonl(tmp_path / "u.jsonl", records)
+    found = table(str(tmp_path / "second"), path, str(tmp_path), 1)
+    os.remove(tmp_path / "c.png")
+    report = SourceReport.from_dict(training.subsets_on_disk(found)[0])
+    assert report.examples == {"missing image": f"{path} line 5 field 'neg_image_path[1]': image not found: "
+                                                f"{tmp_path / 'c.png'}"}
 
 
 def test_a_line_that_is_not_json_is_a_bad_row(tmp_path):

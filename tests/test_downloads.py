@@ -152,6 +152,24 @@ def test_training_on_an_out_of_distribution_evaluation_set_is_refused_unless_all
                                                                    r"allow_eval_datasets=True", output)
 
 
+def test_check_data_names_an_image_deleted_after_the_conversion(tmp_path):
+    rows = downloads.plain_rows(str(tmp_path), rows=260)  # every odd row's query is photos/0.jpg
+    folder = os.path.dirname(rows)
+    image = os.path.join(folder, "photos", "0.jpg")
+    args = ("train.py", f"--train_data={rows}", f"--image_dir={folder}", "--check_data=True", "--batch_size=4",
+            f"--table_dir={tmp_path / 'tables'}")
+    code, output = python(*args)
+    assert code == 0 and "260 usable rows, 0 bad; the run would start" in output, output[-3000:]
+    os.remove(image)  # the table's name does not change: the next start finds it cached
+    code, output = python(*args)
+    assert code == 1 and "data: converting" not in output, output[-3000:]
+    assert f"{rows}: 130 bad rows, e.g. {rows} line 2 field 'query_image': image not found: {image}" in output
+    assert "130 usable rows, 130 bad; the run would NOT start" in output
+    code, output = python(*args, "--skip_bad_rows=True")
+    assert code == 0 and "bad rows: 130 missing image" in output, output[-3000:]
+    assert "130 usable rows, 130 bad; the run would start" in output
+
+
 # -----------------------------------------------------------------------------
 # mmE5-MMEB-hardneg and mmE5-synthetic
 

@@ -16,6 +16,7 @@ import torch
 import eval as evaluation
 from common import UserError
 from readers import mmeb_v2
+from readers.mmeb_v2_data import V2_TASKS as V2_READERS
 from readers.mmeb_v2_rows import read_v2_task, select_v2_tasks
 from tests import downloads
 from tests.toyrun import ROOT
@@ -135,3 +136,33 @@ def test_check_data_reads_every_task_and_fails_on_a_missing_frame_folder(v2_dir,
     with pytest.raises(SystemExit) as code:
         evaluation.main([f"--v2_dir={broken}", "--v2_tasks=['MSR-VTT']", "--check_data=True"])
     assert code.value.code == 1
+
+
+def test_an_english_only_vidore_v2_run_is_taken_by_name_scored_apart_and_in_no_mean(v2_dir, tiny_embedder, tmp_path):
+    log = lambda *a, **k: None  # noqa: E731
+    english = "ViDoRe_esg_reports_v2"  # VLM2Vec runs it beside the 78
+    assert english in mmeb_v2.ENGLISH_ONLY and english not in mmeb_v2.V2_TASKS
+    assert {n for n, t in V2_READERS.items() if not t.extra.get("scored", True)} == set(mmeb_v2.ENGLISH_ONLY)
+    whole = str(tmp_path / "MMEB-V2")  # the ViDoRe v2 family whole, and the three English-only runs, from one set
+    for repo in ("esg_reports_v2", "esg_reports_human_labeled_v2", "biomedical_lectures_v2", "economics_reports_v2"):
+        shutil.copytree(os.path.join(v2_dir, "annotations", "esg_reports_v2"), os.path.join(whole, "annotations", repo))
+    family = list(mmeb_v2.FAMILIES["ViDoRe_v2"])
+    assert select_v2_tasks(whole, ["ViDoRe_v2"], log) == family == select_v2_tasks(whole, [], log)  # the 78's only
+    assert select_v2_tasks(whole, list(mmeb_v2.ENGLISH_ONLY), log) == list(mmeb_v2.ENGLISH_ONLY)  # by name
+    with pytest.raises(UserError, match="no MMEB-V2 video or visdoc task"):
+        select_v2_tasks(whole, ["vidore_esg_reports_v2"], log)  # by its exact name only
+    names = select_v2_tasks(whole, ["ViDoRe_v2", english], log)
+    settings = {"dtype": "float32", "skip_bad_rows": False, "overwrite": False, "num_workers": 0, "batch_size": 4}
+    per_task = evaluation.evaluate_v2(tiny_embedder, names, whole, str(tmp_path / "out"), settings, 0, 1, log, "x")
+    assert set(per_task) == set(family) | {english} and per_task[english]["metric"] == "ndcg_linear@5"
+    with_it = evaluation.v2_section(per_task, {})
+    without = evaluation.v2_section({n: r for n, r in per_task.items() if n != english}, {})
+    assert with_it["english_only"] == {english: pytest.approx(100 * per_task[english]["ndcg_linear@5"])}
+    assert english not in with_it["tasks"] and english not in with_it["not_scored"] and not without["english_only"]
+    for part in ("families", "modalities"):
+        assert {k: c["mean"] for k, c in with_it[part].items()} == {k: c["mean"] for k, c in without[part].items()}
+    assert with_it["all"] == without["all"] and with_it["families"]["ViDoRe_v2"]["present"] == family
+    table = mmeb_v2.format_table_v2(with_it["results"], "MMEB-V2, a test model").splitlines()
+    heading = next(i for i, line in enumerate(table) if line.startswith("ViDoRe v2, English-only"))
+    rows = [i for i, line in enumerate(table) if line.split()[:1] == [english]]
+    assert rows == [heading + 1] and heading > next(i for i, line in enumerate(table) if "visdoc: 4 of 24" in line)

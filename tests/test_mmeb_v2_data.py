@@ -287,3 +287,14 @@ def test_an_answer_none_of_the_options_is_a_miss_as_vlm2vec_scores_it(tmp_path):
     assert mmeb_v2.ranking_metrics([[0.9, 0.1]], ["(A) a cat", "(B) a dog"], [gold]) == pytest.approx(
         mmeb_v2.ranking_metrics([[0.9, 0.1]], ["(A) a cat", "(B) a dog"], [["(C) none"]]))
     assert mmeb_v2.ranking_metrics([[0.9, 0.1]], ["(A) a cat", "(B) a dog"], [gold])["hit@10"] == 0.0
+
+
+def test_a_json_file_that_does_not_parse_is_named_with_one_line_number(tmp_path):
+    from readers.hf_files import json_records
+    path = tmp_path / "rows.json"
+    path.write_text('[{"a": 1},\n {"b": 2,}]')  # a trailing comma on line 2
+    with pytest.raises(UserError) as error:
+        list(json_records(str(path)))
+    message = str(error.value)
+    assert message.startswith(f"{path}: not a JSON array (line 2, column 10: ")
+    assert message[len(str(path)):].count("line") == 1
