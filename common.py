@@ -1,7 +1,7 @@
 """
 common.py: the process around every script's work (nanochat's common.py in spirit): the process group and the
-device, progress lines, one-line errors for the mistakes a user must fix, output that never stops a run, atomic
-writes and lock files. It imports no other module of this project, so every module may import it.
+device, progress lines, one-line errors for the mistakes a user must fix, atomic writes. It imports no other module
+of this project, so every module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
@@ -94,17 +94,6 @@ def on_rank_zero(function, rank, world_size):
     if result[1]:
         raise UserError(result[1])
     return result[0]
-
-
-@contextlib.contextmanager
-def torch_threads(count):
-    """torch's CPU threads set to `count` inside the block, and what they were restored after it."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def worker_count(wanted):

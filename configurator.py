@@ -56,14 +56,14 @@ def unknown_key_message(key, keys, source, moved=None):
     return f"{source}: unknown config key {key!r}{hint}"
 
 
-def expected(key, default):
+def type_hint(key, default):
     """'key expects int, e.g. --key=32 (default 16)': what a key takes, for an error message."""
     kind = type(default)
     example = EXAMPLES.get(kind)
     return f"{key} expects {kind.__name__}" + (f", e.g. --{key}={example}" if example else "") + f" (default {default!r})"
 
 
-def checked(key, value, default, source):
+def value_of_type(key, value, default, source):
     """value, converted to the default's type where that is lossless; UserError on a mismatch."""
     if default is None:  # no type to check against
         return value
@@ -76,7 +76,7 @@ def checked(key, value, default, source):
     else:
         ok = isinstance(value, type(default))
     if not ok:
-        raise UserError(f"{source}: {expected(key, default)}, got {type(value).__name__} {value!r}")
+        raise UserError(f"{source}: {type_hint(key, default)}, got {type(value).__name__} {value!r}")
     return value
 
 
@@ -96,7 +96,7 @@ def parse_flag(arg, config, moved=None):
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         if isinstance(default, (str, type(None), list)):
             return key, [text] if isinstance(default, list) else text  # --out_dir=out/run1, --datasets=Shapes-CLS
-        raise UserError(f"{arg}: {text!r} is not a value of its type: {expected(key, default)}") from None
+        raise UserError(f"{arg}: {text!r} is not a value of its type: {type_hint(key, default)}") from None
     if isinstance(default, str) and not isinstance(value, str):
         return key, text  # --run_name=2024 is the string '2024'
     if isinstance(default, list) and not isinstance(value, (list, tuple)):
@@ -148,10 +148,10 @@ def configure(namespace, args, positional=None):
                 arg += "=" + args.pop(0)
         if arg.startswith('--'):
             key, value = parse_flag(arg, config, namespace.get('MOVED'))
-            config[key] = checked(key, value, config[key], arg)
+            config[key] = value_of_type(key, value, config[key], arg)
         elif arg.endswith('.py') or positional is None:
             for key, value in read_config_file(arg, config, namespace.get('MOVED')).items():
-                config[key] = checked(key, value, config[key], arg)
+                config[key] = value_of_type(key, value, config[key], arg)
         else:
             config[positional] = list(config[positional]) + [arg]
     namespace.update(config)

@@ -14,7 +14,7 @@ negatives, the resumable rank-sharded sampler, the least-padding cut of a batch 
 The table is an Arrow IPC file read through a memory map: every rank and DataLoader worker reads the same pages of
 the page cache, and opening it costs milliseconds. One row a query: its text and image, its positive's, its hard
 negatives' (hardest first), a judge's scores, its subset and source; a JSON file beside it keeps the sources and each
-subset's report (readers/records.SourceReport). A row read has exactly num_hard_negatives negatives: the first kept,
+subset's report (readers/reports.py). A row read has exactly num_hard_negatives negatives: the first kept,
 missing ones drawn from other rows of its subset (seeded by the seed, the subset and the row).
 """
 import functools

@@ -1,18 +1,13 @@
 """
-Hand-rolled LoRA for the language model of a Qwen3.5 embedder: inject, then merge.
-
-PACE Stage I trains rank-32 LoRA on the language model with the vision tower and projector frozen;
-Stage II starts from the Stage I checkpoint with the LoRA merged and trains the full language model
-(paper, Table 3). This file only edits a model in place:
+lora.py: hand-rolled LoRA for the language model of an embedder: inject (Stage I trains rank-32 adapters, the vision
+tower frozen), then merge (Stage II trains the merged language model; paper, Table 3). It edits a model in place:
 
     names = inject_lora(embedder.model, rank=32, alpha=64)   # Stage I: only lora_A / lora_B train
     merge_lora(embedder.model)                               # Stage II: back to plain nn.Linear
 
-A LoRALinear computes W x + b + (alpha / r) B A x with A: (r, in), B: (out, r) and B = 0 at init,
-so an injected model starts out computing exactly what the base model does. It subclasses nn.Linear
-and keeps the base Parameter under `weight` / `bias`, so the base state_dict keys are unchanged and
-only `lora_A` / `lora_B` are added. Merging is an explicit one-way call, never tied to train()/eval().
-Inject and merge on the plain model, before FSDP2's fully_shard. Tests: tests/test_lora.py.
+A LoRALinear computes W x + b + (alpha / r) B A x, A: (r, in), B: (out, r), B = 0 at init (an injected model starts
+as the base model). It keeps the base Parameters under `weight` / `bias`, so the base state_dict keys stay and only
+`lora_A` / `lora_B` are added. Merging is an explicit one-way call; both come before FSDP2's fully_shard.
 """
 import math
 
@@ -85,10 +80,8 @@ def replace_module(model, name, new):
 
 
 def inject_lora(model: nn.Module, rank: int, alpha: float, dropout: float = 0.0) -> list[str]:
-    """Wrap every target linear in a LoRALinear and freeze all else; return the sorted wrapped names.
-
-    Afterwards the only parameters with requires_grad=True are the lora_A / lora_B adapters.
-    """
+    """Wrap every target linear in a LoRALinear and freeze all else of model (then only the adapters train); ->
+    the sorted wrapped names."""
     if not (isinstance(rank, int) and rank > 0):
         raise ValueError(f"LoRA rank must be a positive int, got {rank!r}")
     if any(isinstance(module, LoRALinear) for module in model.modules()):
@@ -105,13 +98,8 @@ def inject_lora(model: nn.Module, rank: int, alpha: float, dropout: float = 0.0)
 
 @torch.no_grad()
 def merge_lora(model: nn.Module) -> int:
-    """Fold each LoRALinear into a plain nn.Linear with W + (alpha / r) B A; return how many.
-
-    The merged model has the base model's exact state_dict keys, shapes and dtypes. One-way: the
-    adapters are gone. Each merged layer's weight and bias are fresh nn.Parameters and so have
-    requires_grad=True; every other parameter keeps its requires_grad (all frozen after inject_lora).
-    The caller decides what trains next, e.g. Stage II unfreezes the whole language model.
-    """
+    """Fold each LoRALinear into a plain nn.Linear with W + (alpha / r) B A; -> how many. The merged model has the
+    base model's state_dict keys, shapes and dtypes; the caller decides what trains next (Stage II)."""
     names = [name for name, module in model.named_modules() if isinstance(module, LoRALinear)]
     for name in names:
         lora = model.get_submodule(name)

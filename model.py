@@ -2,9 +2,8 @@
 model.py: the PACE embedder, a Qwen vision-language backbone turned into an embedding model.
 
     embedder = Embedder.from_pretrained("/models/Qwen3.5-0.8B-Base")   # a local folder, nothing downloaded
-    vectors = embedder.encode([{"text": "a red circle", "image": None}, {"text": "", "image": "cat.jpg"},
-                               {"text": "<|video_1|> What happens?", "video": ["f1.jpg", "f2.jpg", "f3.jpg"]}])
-    embedder.spec                                                       # what the (3, D) float32 vectors mean
+    vectors = embedder.encode([{"text": "a red circle", "image": None}, {"text": "<|video_1|> What happens?",
+                               "video": ["f1.jpg", "f2.jpg"]}])         # (2, D) float32, as embedder.spec says
 
 Every query, positive and negative is encoded alone under one prompt (paper, Appendix A.2):
 
@@ -28,23 +27,19 @@ import torch
 import torch.nn as nn
 
 import loss
-from common import Progress, UserError
+from common import Progress, UserError, write_json
 from media import IMAGE_MARKER, VIDEO_MARKER, Vision, frame_choice, image_size, load_image, video_frames, visual_name
 
 SPEC_FILE = "embedding_spec.json"  # beside the weights of every step folder and export: the EmbeddingSpec
 MARKERS = {"image": IMAGE_MARKER, "video": VIDEO_MARKER}
 
-# train_step.kernel_report says once what transformers says twice a process at the first forward
+# runs/cost.py's kernel_report says once what transformers says twice a process at the first forward
 logging.getLogger("transformers.integrations.hub_kernels").addFilter(
     lambda record: "falling back to its reference PyTorch implementation" not in record.getMessage())
 
 
-# -----------------------------------------------------------------------------
-# backbone families and pooling choices: one entry each
-
 @dataclasses.dataclass(frozen=True)
-class Family:
-    """What differs between backbone families (config.json's model_type); everything else is shared."""
+class Family:  # what differs between backbone families (config.json's model_type); everything else is shared
     name: str  # as the model card names it
     model_class: str  # transformers' class without an LM head: the Embedder's model
     tokenizer_class: str  # transformers' class for the folder's tokenizer.json
@@ -91,8 +86,7 @@ def mean_of_tokens(hidden, mask):  # (B, L, D), (B, L) -> (B, D): the mean over 
 
 
 @dataclasses.dataclass(frozen=True)
-class Pooling:
-    """A pooling choice and all that follows from it: the vector, and how an export says it."""
+class Pooling:  # a pooling choice and all that follows from it: the vector, and how an export says it
     pool: object  # (B, L, D) final hidden states, (B, L) attention mask -> (B, D)
     sentence_transformers: str  # the pooling_mode of sentence-transformers' Pooling module
     words: str  # the model card's
@@ -106,9 +100,6 @@ POOLINGS = {
                     "last_hidden_state[0].mean(dim=0)"),
 }
 
-
-# -----------------------------------------------------------------------------
-# what a vector means
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingSpec:
@@ -134,24 +125,15 @@ class EmbeddingSpec:
             raise UserError(f"video_frames must be 1 or more and video_fps above 0, got {self.video_frames!r} and "
                             f"{self.video_fps!r}")
 
-    @classmethod
-    def fields(cls):
-        return [field.name for field in dataclasses.fields(cls)]
-
-    @classmethod
-    def defaults(cls):  # {field: default} but the lineage: train.py's config keys
-        return {k: v for k, v in dataclasses.asdict(cls()).items() if k != "backbone"}
+    fields = classmethod(lambda cls: [field.name for field in dataclasses.fields(cls)])
+    defaults = classmethod(lambda cls: {k: v for k, v in dataclasses.asdict(cls()).items() if k != "backbone"})
+    to_dict = dataclasses.asdict
 
     def replace(self, **changes):  # a copy with some fields changed; None, '' or 0 keeps a field
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v not in (None, "", 0)})
 
-    def to_dict(self):
-        return dataclasses.asdict(self)
-
     def save(self, folder):
-        with open(os.path.join(folder, SPEC_FILE), "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
-            f.write("\n")
+        write_json(os.path.join(folder, SPEC_FILE), self.to_dict())
 
     @classmethod
     def load(cls, folder):
@@ -159,18 +141,12 @@ class EmbeddingSpec:
         path = os.path.join(folder, SPEC_FILE)
         try:
             with open(path) as f:
-                stored = json.load(f)
-            if set(stored) - set(cls.fields()):
-                raise ValueError(f"unknown fields {sorted(set(stored) - set(cls.fields()))}")
-            return cls(**stored)
+                return cls(**json.load(f))  # an unknown field is a TypeError naming it
         except FileNotFoundError:
             return None
         except (OSError, ValueError, TypeError) as error:
             raise UserError(f"{path}: not an embedding spec ({error})") from None
 
-
-# -----------------------------------------------------------------------------
-# one item -> model inputs; a list of items -> a padded batch
 
 class Preprocessor:
     """One item -> its prompt's token ids, 3-D rotary positions and uint8 patches, as spec says; vision["image"],
@@ -186,8 +162,8 @@ class Preprocessor:
         self.max_length = spec.max_length
         token = tokenizer.convert_tokens_to_ids
         self.pad_ids = {"image": token("<|image_pad|>"), "video": token("<|video_pad|>")}
-        self.vision_start_id, self.vision_end_id = token("<|vision_start|>"), token("<|vision_end|>")
-        self.pad_id = token("<|endoftext|>")
+        self.vision_start_id, self.vision_end_id, self.pad_id = map(token, ("<|vision_start|>", "<|vision_end|>",
+                                                                            "<|endoftext|>"))
         self.shrunk = []  # with fit_images: the images and videos found too large, each time num_tokens met one
         self.prefix_ids = self.ids(f"<|im_start|>system\n{spec.system_prompt}<|im_end|>\n<|im_start|>user\n", True)
         self.suffix_ids = self.ids("<|im_end|>\n<|im_start|>assistant\n<|endoftext|>", True)
@@ -201,8 +177,7 @@ class Preprocessor:
         """The tokenizer and processor settings of a local folder, under spec (EmbeddingSpec()) with changes (0 or
         None keeps a field). A pixel budget of 0 becomes the folder's own, in numbers in the returned spec."""
         import transformers
-        tokenizer_class = getattr(transformers, family_of(path).tokenizer_class)
-        tokenizer = tokenizer_class.from_pretrained(path, local_files_only=True)
+        tokenizer = getattr(transformers, family_of(path).tokenizer_class).from_pretrained(path, local_files_only=True)
         spec, budgets, vision = (spec or EmbeddingSpec()).replace(**changes), {}, {}
         for kind, prefix in (("image", ""), ("video", "video_")):
             processor = users(Vision.from_pretrained, path, kind)
@@ -361,9 +336,6 @@ def mrope_positions(pieces):
     return torch.cat(parts, dim=1)
 
 
-# -----------------------------------------------------------------------------
-# the embedder
-
 class Embedder(nn.Module):
     """A backbone + the spec's pooling: transformers' base model as `self.model` (`model.visual`: the frozen vision
     tower and merger; `model.language_model`: the trained part; no LM head)."""
@@ -441,9 +413,6 @@ class Embedder(nn.Module):
             language_model.gradient_checkpointing_enable({"use_reentrant": False})
 
 
-# -----------------------------------------------------------------------------
-# batches of items, for Embedder.encode
-
 def item_inputs(index, item, function):
     """function(text, image, video) of one item dict; a UserError naming the item if it is malformed or fails."""
     if not isinstance(item, dict) or not ({"text", "image", "video"} & set(item)):
@@ -465,8 +434,7 @@ class Items(torch.utils.data.Dataset):  # items[i] preprocessed, in a worker whe
         return item_inputs(i, self.items[i], self.preprocessor)
 
 
-def item_batches(items, preprocessor, batch_size, num_workers=0):
-    """Item dicts -> (indices, collated batch) pairs (length_batches); an error names the item's index."""
+def item_batches(items, preprocessor, batch_size, num_workers=0):  # -> (indices, collated batch) pairs
     lengths = [item_inputs(i, item, preprocessor.num_tokens) for i, item in enumerate(items)]
     return length_batches(Items(items, preprocessor), lengths, batch_size, num_workers, preprocessor.collate)
 

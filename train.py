@@ -37,7 +37,7 @@ import train_step
 from common import UserError
 from model import EmbeddingSpec
 from readers import training as readers
-from runs import checkpoint, outdir
+from runs import checkpoint, cost, outdir
 from runs.export import check_checkpoint, load_embedder, save_hf_folder
 
 common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a bad row) ends in one line
@@ -168,7 +168,7 @@ if (resume or export_only) and resume_from is None:
     if export_only:
         raise UserError(f"no intact checkpoint in {out_dir}: nothing to export")
     print(f"no intact checkpoint in {out_dir}: starting fresh")
-if resume and not export_only and outdir.finished(resumed, max_iters, checkpoint.read_info(export_dir)):
+if resume and not export_only and outdir.is_finished(resumed, max_iters, checkpoint.read_info(export_dir)):
     print(f"{out_dir} finished at step {max_iters} and is exported: nothing to do (export/ and its model card are "
           "kept; raise --max_iters to train on)")
     barrier()
@@ -208,7 +208,7 @@ print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
     f"rank-{lora_rank} LoRA adapters on {len(wrapped)} linear layers of the {(num_language - num_trainable) / 1e6:.2f}M"
     "-parameter language model" if lora_rank > 0 else "the whole language model") + "; the vision tower is frozen")
 if embedder.family.linear_attention:
-    print(train_step.kernel_report(run_device))
+    print(cost.kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
 loss_args = dict(similarity=config["similarity"], temperature=temperature, focal_gamma=focal_gamma,
                  focal_temperature=focal_temperature, weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
@@ -327,7 +327,7 @@ if master:  # log.jsonl holds this run's steps: a resumed run drops what came af
 if wandb_log and master:
     wandb = outdir.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
 
-gpu_peak = train_step.peak_flops(run_device)
+gpu_peak = cost.peak_flops(run_device)
 window = dict(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=time.time(), step=step)  # since the last line
 start = time.time()
 
@@ -399,7 +399,7 @@ while step < max_iters:
     chunks = batch["query"] + batch["candidate"]
     window["real"] += sum(int(chunk["attention_mask"].sum()) for chunk in chunks)
     window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)
-    window["flops"] += train_step.step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
+    window["flops"] += cost.step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
     window["skipped"] += batch["skipped"]
     window["skipped_count"] += int(skipped_now)
     skipped_rows_total += int(skipped_now)  # every step, so a checkpoint at any step saves it

@@ -10,11 +10,9 @@ them in its loop, bench/bench.py times them and the tests check them, so all thr
 
 A step: each rank embeds its share of the global batch (queries, then their positives and hard negatives), loss.py
 ranks every query against the candidates of all ranks, backward; train.py then clips and steps AdamW. GradCache
-(Appendix C.1) gives the same gradients as the plain step in the memory of one chunk. What a step costs (its
-useful FLOPs, a GPU's peak, for MFU) and which kernels run it are here too: bench/bench.py reports them beside
-train.py's log.
+(Appendix C.1) gives the same gradients as the plain step in the memory of one chunk. What a step costs and which
+kernels run it: runs/cost.py.
 """
-import importlib
 from contextlib import nullcontext
 
 import torch
@@ -132,67 +130,3 @@ def parameters_finite(trainable):
     if loss.rank_and_world()[1] > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag)
-
-
-# -----------------------------------------------------------------------------
-# what a step costs, and which kernels run it
-
-# dense bf16 peak FLOP/s per GPU, matched against torch.cuda.get_device_name() in order (the first match wins)
-PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
-                   ("H20", 148e12), ("A100", 312e12), ("A800", 312e12), ("B200", 2250e12), ("L40S", 362e12))
-
-
-def peak_flops(device):
-    """The dense bf16 peak of this device, for MFU; None on a CPU or an unknown GPU."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for gpu, flops in PEAK_BF16_FLOPS if gpu in name), None)
-
-
-def step_flops(embedder, chunks, full_finetune):
-    """Useful FLOPs of one training step over these collated chunks (real tokens only, no recomputation): the
-    language model's matmuls at 2N a token forward and 4N (full) or 2N (LoRA: activation gradients only) backward,
-    N without the token embedding (a lookup); the causal attention scores of the full-attention layers (2 T^2 d
-    forward, twice that backward); the frozen vision tower's forward. Gated DeltaNet's state updates (a few % at
-    these sizes) are not counted. For the MFU figure."""
-    text, vision = embedder.model.config.text_config, embedder.model.config.vision_config
-    language = sum(p.numel() for n, p in embedder.model.language_model.named_parameters()
-                   if p.dim() >= 2 and "embed_tokens" not in n)
-    tower = {n: p.numel() for n, p in embedder.model.visual.named_parameters() if p.dim() >= 2 and "pos_embed" not in n}
-    per_patch = sum(v for n, v in tower.items() if "merger" not in n)
-    per_patch += sum(v for n, v in tower.items() if "merger" in n) / vision.spatial_merge_size ** 2
-    attention_width = text.num_attention_heads * text.head_dim
-    full_layers = sum(kind == "full_attention" for kind in text.layer_types) if embedder.family.linear_attention \
-        else text.num_hidden_layers
-    flops = 0.0
-    for chunk in chunks:
-        lengths = chunk["attention_mask"].sum(dim=1).double()  # (B,)
-        flops += (6 if full_finetune else 4) * language * lengths.sum().item()
-        flops += 6 * full_layers * attention_width * (lengths ** 2).sum().item()
-        if chunk["image_grid_thw"] is not None:
-            patches = chunk["image_grid_thw"].prod(dim=1).double()  # (images,)
-            flops += 2 * per_patch * patches.sum().item() + 4 * vision.depth * vision.hidden_size * (patches ** 2).sum().item()
-    return flops
-
-
-def kernel_report(device):
-    """One line: which Gated DeltaNet and causal-conv1d code transformers' qwen3_5 runs. It binds them once, when
-    its modeling file is imported: the function from flash-linear-attention (fla) and causal_conv1d if those import,
-    else its reference PyTorch code; the same import look-up here gives the same answer. On a CPU the reference code
-    is the only one there is; on a GPU it is right but slow: pip install -r requirements-gpu.txt."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401 - binds the kernels on import
-
-    def bound(module, names):
-        try:
-            module = importlib.import_module(module)
-            return all(getattr(module, name, None) is not None for name in names)
-        except Exception:  # noqa: BLE001 - transformers treats every import failure as "not installed"
-            return False
-    fla = bound("fla.ops.gated_delta_rule", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
-    conv = bound("causal_conv1d", ["causal_conv1d_fn", "causal_conv1d_update"])
-    where = ("as expected on a CPU" if device.type == "cpu"
-             else "slow on a GPU: pip install -r requirements-gpu.txt; on Hopper fla needs triton >= 3.7.1")
-    return (f"kernels: Gated DeltaNet {'flash-linear-attention' if fla else 'PyTorch reference'}, causal conv1d "
-            f"{'causal_conv1d' if conv else 'PyTorch reference (F.conv1d)'}"
-            + ("" if fla and conv else f" ({where})"))

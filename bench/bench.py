@@ -34,16 +34,14 @@ round, so the machine's speed and its drift cancel out.
    (shared); then --check_data=True on the cached table (every image it names looked up, each folder listed once):
    seconds and rows per second, which grow with the image files (--startup_images a subset, 1,000 by default);
    extrapolated to the paper's 2.03M rows.
-On a GPU the step rows add tokens/s, MFU (train_step.step_flops over train_step.peak_flops) and peak memory; the
-header says which Gated DeltaNet kernels run (train_step.kernel_report). --fsdp=True joins a one-rank process group (gloo on
+On a GPU the step rows add tokens/s, MFU (runs/cost.py's step_flops over peak_flops) and peak memory; the
+header says which Gated DeltaNet kernels run (runs/cost.py's kernel_report). --fsdp=True joins a one-rank process group (gloo on
 CPU, NCCL on CUDA), shards both stages' models with train_step.fully_shard_embedder and runs forward_backward's
 distributed path, as on 8 GPUs; it measures step and cut.
 """
 import functools
-import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,10 +56,11 @@ import data
 import loss
 import train_step
 from bench import synthetic  # the data, models and cuts measured on
+from bench.timing import Results, attempt, clock, paired_ratio, side_by_side
 from configurator import configure
 from model import Preprocessor
+from runs.cost import kernel_report, peak_flops, step_flops
 from shapes.tiny_model import make_tiny_checkpoint
-from train_step import kernel_report, peak_flops, step_flops
 
 _here = os.path.dirname(os.path.abspath(__file__))
 
@@ -145,33 +144,7 @@ def floor_step(step, batch, one_graph):
 
 
 # -----------------------------------------------------------------------------
-# timing and results
-
-def clock(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def side_by_side(functions, device, rounds=None, warm=None):
-    """{name: function} -> ({name: [seconds in each timed round]}, {name: median seconds}) over `rounds` (iters)
-    after `warm` (warmup): round-robin, so each round times the functions back to back and drift in the machine's
-    speed hits all alike."""
-    rounds, warm = rounds or iters, warmup if warm is None else warm
-    times = {name: [] for name in functions}
-    for i in range(warm + rounds):
-        for name, function in functions.items():
-            start = clock(device)
-            function()
-            if i >= warm:
-                times[name].append(clock(device) - start)
-    return times, {name: statistics.median(values) for name, values in times.items()}
-
-
-def paired_ratio(numerators, denominators):
-    """The median over rounds of numerator / denominator, each pair timed back to back."""
-    return statistics.median(a / b for a, b in zip(numerators, denominators))
-
+# what a figure is counted from
 
 def padded_size(lengths, chunks):
     """Positions the model computes for these chunks: each chunk is as long as its longest item."""
@@ -183,37 +156,6 @@ def batch_tokens(batch):
     chunks = batch["query"] + batch["candidate"]
     real = sum(int(c["attention_mask"].sum()) for c in chunks)
     return chunks, real, 1 - real / sum(c["attention_mask"].numel() for c in chunks)
-
-
-class Results:
-    """The run's rows by section, plus "header"; rewritten to `path` after every row, so a run cut short keeps
-    what it did. A row whose ratio is more than 10 % worse than in `before` (an earlier run's JSON) says so."""
-
-    def __init__(self, path="", before=""):
-        self.path, self.data = path, {}
-        self.before = json.loads(Path(before).read_text()) if before else {}
-
-    def add(self, section, row, line, ratio=None):
-        earlier = [r for r in self.before.get(section, []) if r.get("name") == row["name"]]
-        if ratio and earlier and earlier[0].get(ratio) and row[ratio] > 1.10 * earlier[0][ratio]:
-            line += f"  REGRESSION (was {earlier[0][ratio]:.3f})"
-        self.data.setdefault(section, []).append(row)
-        print(line, flush=True)
-        self.write()
-
-    def write(self):
-        if self.path:
-            common.write_json(self.path, self.data)
-
-
-def attempt(results, section, name, measure, *args):
-    """Run one measurement; a GPU out-of-memory error becomes its row and the next measurement still runs."""
-    try:
-        return measure(results, *args)
-    except torch.cuda.OutOfMemoryError as error:
-        message = "out of memory: " + str(error).splitlines()[0][:120]
-    torch.cuda.empty_cache()  # outside the except block, so the failed measurement's tensors are released first
-    results.add(section, {"name": name, "error": message}, f"  {name:<32} {message}")
 
 
 def header(device):
@@ -256,7 +198,8 @@ def measure_step(results, name, step, optimizer, batch, grad_cache, full_finetun
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     long_step = grad_cache and device.type == "cuda" and grad_cache_batch > batch_size  # fewer rounds
-    times, seconds = side_by_side(functions, device, *((min(iters, 2), min(warmup, 1)) if long_step else ()))
+    rounds = (min(iters, 2), min(warmup, 1)) if long_step else (iters, warmup)
+    times, seconds = side_by_side(functions, device, *rounds)
     row = {"name": name, "queries": len(batch["targets"]), "chunks": len(chunks), "real_tokens": real,
            "padding": padding, "step_s": seconds["step"], "floor_s": seconds["floor"],
            "ratio": paired_ratio(times["step"], times["floor"]), "tokens_per_s": real / seconds["step"]}
@@ -329,7 +272,8 @@ def measure_lora(results, adapted, merged, batch):
         lambda module, inputs, output: output.requires_grad_()) for step in (adapted, merged)]
     try:
         times, seconds = side_by_side({"adapted": lambda: floor_step(adapted, batch, one_graph=True),
-                                       "merged": lambda: floor_step(merged, batch, one_graph=True)}, adapted["device"])
+                                       "merged": lambda: floor_step(merged, batch, one_graph=True)}, adapted["device"],
+                                      iters, warmup)
     finally:
         for hook in hooks:
             hook.remove()

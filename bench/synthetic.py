@@ -383,14 +383,14 @@ def measure_check(root, image_dir, table_dir, num_negatives):
                       "problems": len(problems)}))
 
 
-def started(*args):
+def start_process(*args):
     """python -m bench.synthetic ARGS, started in a process of its own (read it with printed_json)."""
     return subprocess.Popen([sys.executable, "-m", "bench.synthetic", *map(str, args)], cwd=REPOSITORY,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def printed_json(process):
-    """The JSON line a started() process printed last, once it ends; its error output if it failed."""
+def last_json_line(process):
+    """The JSON line a start_process() process printed last, once it ends; its error output if it failed."""
     stdout, stderr = process.communicate()
     if process.returncode:
         raise RuntimeError(f"{' '.join(process.args[2:4])} failed: {stderr[-2000:]}")
@@ -405,10 +405,10 @@ def startup_figures(num_rows, num_negatives, seed, images_per_subset=1000, ranks
     with tempfile.TemporaryDirectory(prefix="pace_startup_") as folder:
         images = min(images_per_subset, max(10, num_rows // len(SUBSETS)))  # a subset's: at most one a row
         root, tables = mmE5_download(folder, num_rows, num_negatives, seed, images), os.path.join(folder, "tables")
-        conversion = printed_json(started("convert", root, folder, tables))
-        processes = [started("start", root, folder, tables, num_negatives, batch_size, seed) for _ in range(ranks)]
-        starts = [printed_json(process) for process in processes]  # all at once, as the ranks of a run
-        check = printed_json(started("check", root, folder, tables, num_negatives))
+        conversion = last_json_line(start_process("convert", root, folder, tables))
+        processes = [start_process("start", root, folder, tables, num_negatives, batch_size, seed) for _ in range(ranks)]
+        starts = [last_json_line(process) for process in processes]  # all at once, as the ranks of a run
+        check = last_json_line(start_process("check", root, folder, tables, num_negatives))
     rows, scale = conversion["rows"], paper / conversion["rows"]
     start_s, private = max(s["seconds"] for s in starts), max(s["private_growth"] for s in starts)
     return {"name": "startup", "rows": rows, "ranks": ranks, "image_files": images * len(SUBSETS),

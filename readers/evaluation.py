@@ -3,6 +3,7 @@ readers/evaluation.py: MMEB's evaluation rows as the downloads hold them, v1 (TI
 instruction in its own columns), read and checked for eval.py.
 
     names, empty = find_eval_datasets("data/MMEB-eval")           # the dataset folders of a download
+    mmeb_names, others, omitted, missing = which_datasets("data/MMEB-eval", "data/eval_images", [], False, print)
     rows, report = read_eval_dataset("data/MMEB-eval/ImageNet-1K", "data/eval_images", instructions="paper")
     rows[0]   # {"query": {"text", "image"}, "candidates": [gold, others...]}
 
@@ -20,8 +21,10 @@ import pyarrow.parquet as pq
 
 from common import UserError
 from readers import mmeb
-from readers.records import (IMAGE_SUFFIXES, BadRow, ImagePaths, SourceReport, entry_pairs, is_junk, list_field,
-                             make_side, read_records, row_message, text_field)
+from readers.mmeb_v2_data import V2_TASKS
+from readers.records import (IMAGE_SUFFIXES, BadRow, ImagePaths, entry_pairs, is_junk, list_field,
+                             make_side, read_records, text_field)
+from readers.reports import SourceReport
 
 EVAL_COLUMNS = ("qry_text", "qry_img_path", "tgt_text", "tgt_img_path")
 V2_COLUMNS = ("qry_inst", "qry_text", "qry_img_path", "tgt_inst", "tgt_text", "tgt_img_path")
@@ -77,7 +80,7 @@ def eval_row(record, images, dataset, v2, rewrite):
 
 
 def read_eval_dataset(folder, image_dir, skip_bad_rows=False, instructions="dataset", allow_any_image_path=False):
-    """One evaluation dataset folder -> (rows, SourceReport); rows[i] = {"query": side, "candidates": [side, ...]},
+    """One evaluation dataset folder -> (rows); rows[i] = {"query": side, "candidates": [side, ...]},
     candidate 0 the gold one. instructions: 'paper' (Table 5's) or 'dataset' (the rows' own). The layout (v1, or
     V2 with qry_inst / tgt_inst columns) is read from the first file's columns and named in the report. A bad row
     raises naming file, row and field, or with skip_bad_rows is counted in the report."""
@@ -102,8 +105,52 @@ def read_eval_dataset(folder, image_dir, skip_bad_rows=False, instructions="data
                 count += 1
             except BadRow as error:
                 if not skip_bad_rows:
-                    raise UserError(row_message(f"{path} {location}", error)) from None
+                    raise UserError(error.at(f"{path} {location}")) from None
                 report.bad_row(f"{path} {location}", error)
         report.files[path] = count
     report.instructions = {"mode": rewrite.mode, "counts": dict(rewrite.counts)}
     return rows, report
+
+
+def which_datasets(mmeb_dir, image_dir, datasets, allow_missing_datasets, log):
+    """-> (MMEB datasets to score, others to score, omitted for want of Parquet files, MMEB's missing ones). An
+    empty dataset folder is an error unless allow_missing_datasets: silently dropping it would change the means."""
+    found, empty = find_eval_datasets(mmeb_dir, image_dir)
+    present = found + empty
+    if datasets:
+        absent = [name for name in datasets if name not in present]
+        if absent:
+            raise UserError(f"datasets {absent} are not folders of {mmeb_dir}")
+        names = list(datasets)
+    else:
+        names = [name for name in present if name in mmeb.MMEB_TABLE] or present  # the toy: no MMEB dataset
+        v2_repos = {task.repo.split("/")[1] for task in V2_TASKS.values()}  # MMEB-V2's video and visdoc rows
+        passed = [name for name in present if name not in names and name not in v2_repos]
+        if passed:
+            log(f"not scored: {', '.join(passed)} (not among MMEB's 36; name it in datasets to score it apart)")
+    omitted = [name for name in names if name in empty]
+    if omitted and not allow_missing_datasets:
+        raise UserError(f"dataset folders without Parquet files in {mmeb_dir}: {', '.join(omitted)} (download them, "
+                        "or pass --allow_missing_datasets=True to list them as omitted)")
+    if omitted:
+        log(f"omitted, no Parquet files: {', '.join(omitted)}")
+    names = [name for name in names if name not in omitted]
+    if not names:
+        raise UserError(f"no dataset with Parquet files to evaluate in {mmeb_dir}")
+    scored_mmeb = [name for name in names if name in mmeb.MMEB_TABLE]
+    missing = sorted(name for name in mmeb.MMEB_TABLE if name not in scored_mmeb) if scored_mmeb else []
+    return scored_mmeb, [name for name in names if name not in mmeb.MMEB_TABLE], omitted, missing
+
+
+def check_datasets(names, mmeb_dir, image_dir, skip_bad_rows, instructions, allow_any_image_path, log):
+    """--check_data=True: every dataset read as the evaluation reads it, every image path checked; -> exit code."""
+    problems = []
+    for name in names:
+        rows, found = read_eval_dataset(os.path.join(mmeb_dir, name), image_dir, True, instructions, allow_any_image_path)
+        log("\n".join(found.lines()))
+        problems += [f"{name}: {p}" for p in found.problems(skip_bad_rows)]
+        if not rows:
+            problems.append(f"{name}: no usable rows")
+    log(f"check_data: {len(names)} datasets; " + ("the evaluation would run" if not problems else
+                                                  "the evaluation would NOT run:\n  " + "\n  ".join(problems)))
+    return 1 if problems else 0

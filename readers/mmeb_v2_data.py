@@ -59,7 +59,7 @@ import re
 from common import UserError
 from media import IMAGE_MARKER, VIDEO_MARKER
 from readers.hf_files import data_files
-from readers.records import BadRow, is_junk, row_message
+from readers.records import BadRow, is_junk
 
 # -----------------------------------------------------------------------------
 # the tasks: VLM2Vec-V2's video.yaml and visdoc.yaml, with the HF repos their parsers load
@@ -277,9 +277,9 @@ def new_report(name, task, folder):
 def bad_row(report, name, path, location, error, skip_bad_rows):
     """Raise a row's problem naming the task, file and row, or count it (skip_bad_rows)."""
     if not skip_bad_rows:
-        raise UserError(f"{name}: {row_message(f'{path} {location}', error)}") from None
+        raise UserError(f"{name}: {error.at(f'{path} {location}')}") from None
     report["skipped"][error.reason] = report["skipped"].get(error.reason, 0) + 1
-    report["examples"].setdefault(error.reason, row_message(f"{path} {location}", error))
+    report["examples"].setdefault(error.reason, error.at(f"{path} {location}"))
 
 
 def first_root(v2_dir, task):

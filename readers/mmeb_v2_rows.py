@@ -34,7 +34,8 @@ from readers.mmeb_v2_data import (CLS_INSTRUCTIONS, LABELS, MRET_QUERY, PAGE_QUE
                                   SEEKER_QUERY, SEEKER_TARGET, V2_TASKS, VIDEO_TARGET, annotation_folder, bad_row,
                                   find_v2_tasks, first_root, index, item, natural_key, new_report, option_text, prompt,
                                   qa_prompt, string, strings, value, video_frames, with_options)
-from readers.records import BadRow, is_junk, summary
+from readers.records import BadRow, is_junk
+from readers.reports import summary
 
 # -----------------------------------------------------------------------------
 # one row -> (query item, [(candidate name, candidate item), ...] as the row lists them, gold names)

@@ -6,25 +6,20 @@ table. readers/training.py and readers/evaluation.py read whole downloads with i
         row, missing = train_row(record, ImagePaths("data/mmE5"), rewrite=lambda text: text)
 
 Records are Parquet rows or JSON Lines objects. A list column is a list, a string that parses to a list of strings
-(mmE5 writes "['', 'a']"; parsed with ast.literal_eval, which runs nothing, else as JSON), any other string as one
-entry (MMEB-train's scalar negatives, "[1999, 2003]" among them) or absent. Image paths are joined to image_dir as the official loaders join them (os.path.join; '' means
-no image) and must exist: a folder's listing is read once, so a million images cost seconds, not a stat each.
-macOS's AppleDouble '._name' files and other hidden names are never data or images.
-
-A training record comes in one of two layouts, told apart by its columns:
-- mmE5 / MMEB-train (mmE5-MMEB-hardneg, mmE5-synthetic, MMEB-train, tools/mine.py's files): qry, qry_image_path, pos_text,
-  pos_image_path, neg_text, neg_image_path (entry k pairs neg_text[k] with neg_image_path[k]) and, from a judge
-  (tools/mine.py), pos_judge and neg_judge. An entry with an image and text '' is an image negative, whose text is then
-  the positive's (mmE5's rule when every text is '', else the first non-empty text of the list); an entry with
-  neither is a missing negative, left for the fill.
-- plain, for your own data: query, query_image, positive, positive_image, negatives (a list of texts),
-  negative_images (a list of image paths, entry by entry with negatives; either list may be absent), and
-  optionally positive_judge and negative_judges. Negatives are taken as they are.
+(mmE5's "['', 'a']", read with ast.literal_eval, which runs nothing, else as JSON), any other string one entry
+(MMEB-train's "[1999, 2003]") or absent. Image paths join image_dir as the official loaders join them ('' is no
+image) and must exist; a folder is listed once. Hidden names (macOS's '._name') are never data or images.
+A training record has one of two layouts, told apart by its columns:
+- mmE5 / MMEB-train (and tools/mine.py's files): qry, qry_image_path, pos_text, pos_image_path, neg_text,
+  neg_image_path (entry k pairs neg_text[k] with neg_image_path[k]), from a judge pos_judge and neg_judge. An entry
+  with an image and text '' is an image negative, its text the positive's (mmE5's rule when every text is '', else
+  the list's first non-empty text); an entry with neither is a missing negative, left for the fill.
+- plain, for your own data: query, query_image, positive, positive_image, negatives (texts), negative_images (image
+  paths, entry by entry; either list may be absent), optionally positive_judge and negative_judges.
 A field outside its layout (mmE5's also carries mmE5-synthetic's modality and tools/mine.py's neg_score; pandas'
-__index_level_0__ is no field) is a bad row naming it and the closest known field, never dropped in silence: a
-misspelt query_img would train a text-only query. Otherwise only a row whose query or positive has neither text
-nor image is bad: BadRow names the field and a reason, which becomes an error naming the file and the row, or a
-skip counted by reason.
+__index_level_0__ is no field) is a bad row naming it and the closest known field: a misspelt query_img would train
+a text-only query. So is a query or positive with neither text nor image. A BadRow names the field and a reason: an
+error naming the file and the row, or a skip counted by reason.
 """
 import ast
 import collections
@@ -86,17 +81,16 @@ def split_files(folder, split, files):
 
 class BadRow(UserError):
     """One row's problem: the field it is in (None: the row as a whole, a line that does not parse) and its reason
-    (counted by reason). Becomes an error naming the file and row (row_message), or a skip."""
+    (counted by reason). Becomes an error naming the file and row (at()), or a skip."""
 
     def __init__(self, field, problem, reason):
         super().__init__(problem if field is None else f"field {field!r}: {problem}")
         self.field, self.reason = field, reason
 
-
-def row_message(location, error):
-    """'t.jsonl line 12' and a BadRow -> "t.jsonl line 12 field 'query': empty: no text and no image", or
-    't.jsonl line 12: not a JSON object (column 41: invalid control character)' for a row as a whole."""
-    return f"{location} {error}" if error.field is not None else f"{location}: {error}"
+    def at(self, location):
+        """'t.jsonl line 12' -> "t.jsonl line 12 field 'query': empty: no text and no image", or for a row as a whole
+        't.jsonl line 12: not a JSON object (column 41: invalid control character)'."""
+        return f"{location} {self}" if self.field is not None else f"{location}: {self}"
 
 
 def json_error(error, line=False):
@@ -357,106 +351,3 @@ def judge_scores(record, kept, names):
     if not all(0.0 <= v <= 1.0 for v in values):
         raise BadRow(names["negative_judges"], f"judge scores lie in [0, 1], got {values}", "unparsable judge scores")
     return values
-
-
-# -----------------------------------------------------------------------------
-# what reading a source found
-
-def summary(counts):
-    """{what: count} -> '1,000 rewritten, 50 not of an MMEB dataset (kept)' (empty when nothing was counted)."""
-    return ", ".join(f"{count:,} {what}" for what, count in collections.Counter(counts).most_common())
-
-
-class SourceReport:
-    """What reading one subset (a file or a subset folder) found: the files and split read and their rows, bad rows
-    by reason with the first example, negatives per row before the fill, the rows a judge scored, what the
-    instructions did ({"mode", "counts"}), a leak (training rows of an MMEB out-of-distribution dataset), a failure.
-    lines() says it; problems() says why a run would not start. to_dict() / from_dict(): kept beside the table."""
-
-    FIELDS = ("subset", "dataset", "split", "layout", "files", "bad", "examples", "negatives", "missing_negatives",
-              "judged", "distinct", "instructions", "leak", "failure", "start", "stop")
-
-    def __init__(self, subset, dataset, split, layout=""):
-        self.subset, self.dataset, self.split, self.layout = subset, dataset, split, layout
-        self.files, self.bad, self.examples, self.negatives = {}, collections.Counter(), {}, collections.Counter()
-        self.missing_negatives = self.judged = self.distinct = self.start = self.stop = 0
-        self.instructions, self.leak, self.failure = {}, False, None
-
-    @property
-    def rows(self):
-        return sum(self.files.values())
-
-    @property
-    def num_bad(self):
-        return sum(self.bad.values())
-
-    def bad_row(self, location, error):
-        self.bad[error.reason] += 1
-        self.examples.setdefault(error.reason, row_message(location, error))
-
-    def to_dict(self):
-        return {key: getattr(self, key) for key in self.FIELDS}
-
-    @classmethod
-    def from_dict(cls, values):
-        report = cls(values["subset"], values["dataset"], values["split"])
-        for key in cls.FIELDS:
-            setattr(report, key, values[key])
-        report.bad = collections.Counter(report.bad)
-        report.negatives = collections.Counter({int(n): c for n, c in report.negatives.items()})  # JSON keys: str
-        return report
-
-    def negative_range(self):
-        """(min, median, max) of the negatives a row brought (the lower median of an even count)."""
-        counts, seen = sorted(self.negatives.items()), 0
-        middle = next(n for n, c in counts if (seen := seen + c) * 2 >= sum(self.negatives.values()))
-        return counts[0][0], middle, counts[-1][0]
-
-    def filled_and_cut(self, num_hard_negatives):
-        """(rows with fewer than num_hard_negatives negatives, to be filled; rows with more, cut to their first)."""
-        return (sum(c for n, c in self.negatives.items() if n < num_hard_negatives),
-                sum(c for n, c in self.negatives.items() if n > num_hard_negatives))
-
-    def lines(self, num_hard_negatives=None):
-        names = ", ".join(os.path.basename(f) for f in self.files) or "-"
-        lines = [f"data: {self.subset}: {self.rows:,} rows from {names} (split {self.split}; dataset "
-                 f"{self.dataset or 'not one of MMEB'}, layout {self.layout})"]
-        if self.negatives:
-            low, middle, high = self.negative_range()
-            line = (f"  negatives per row before the fill: min {low}, median {middle}, max {high}; "
-                    f"{self.missing_negatives:,} entries with neither text nor image")
-            if num_hard_negatives is not None:
-                filled, cut = self.filled_and_cut(num_hard_negatives)
-                line += f"; {filled:,} rows filled from other rows, {cut:,} cut to their first ones"
-            lines.append(line)
-        for reason, count in self.bad.most_common():
-            lines.append(f"  bad rows: {count:,} {reason}, e.g. {self.examples[reason]}")
-        if self.instructions.get("counts"):
-            lines.append(f"  instructions='{self.instructions['mode']}': {summary(self.instructions['counts'])}")
-        if self.leak:
-            lines.append(f"  LEAK: {self.dataset} is one of MMEB's out-of-distribution evaluation datasets")
-        if self.failure:
-            lines.append(f"  cannot be used: {self.failure}")
-        return lines
-
-    def problems(self, skip_bad_rows, allow_eval_datasets=False, num_hard_negatives=0, judged=False):
-        """Why a run would not start on this source: [] when it would. Each names what to do about it."""
-        problems = [self.failure] if self.failure else []
-        if self.bad and not skip_bad_rows:
-            reason, _ = self.bad.most_common(1)[0]
-            problems.append(f"{self.num_bad:,} bad rows, e.g. {self.examples[reason]} (skip_bad_rows=True skips them)")
-        if self.leak and not allow_eval_datasets:
-            problems.append(f"rows of {self.dataset}, one of MMEB's 16 out-of-distribution evaluation datasets: "
-                            "training on it leaks its test set (leave it out, or allow_eval_datasets=True)")
-        if judged and self.rows:
-            if self.judged < self.rows:
-                problems.append(f"{self.rows - self.judged:,} of {self.rows:,} rows have no judge scores "
-                                "(python -m tools.mine --judge_from=... writes them)")
-            elif self.negatives and min(self.negatives) < num_hard_negatives:
-                problems.append(f"rows with {min(self.negatives)} judged negatives, num_hard_negatives="
-                                f"{num_hard_negatives} needed: mine with --num_hard_negatives={num_hard_negatives} "
-                                "or more")
-        if self.filled_and_cut(num_hard_negatives)[0] and (self.distinct <= num_hard_negatives or self.rows < 2):
-            problems.append(f"cannot fill rows to {num_hard_negatives} hard negatives: the subset has "
-                            f"{self.rows:,} rows and {self.distinct} distinct candidates")
-        return problems

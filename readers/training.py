@@ -48,9 +48,10 @@ import pyarrow.compute as pc
 import data
 from common import Progress, UserError, relative_hint, replaced_atomically
 from readers import mmeb
-from readers.records import (DATA_SUFFIXES, MMEB_NAMES, PLAIN_NAMES, TRAIN_COLUMNS, BadRow, ImagePaths, SourceReport,
+from readers.records import (DATA_SUFFIXES, MMEB_NAMES, PLAIN_NAMES, TRAIN_COLUMNS, BadRow, ImagePaths,
                              data_files, is_junk, layout_of, read_records, split_files, train_row, unknown_columns)
-from runs.outdir import alive_here, lock_record, read_lock
+from readers.reports import SourceReport
+from runs.lock import alive_here, lock_record, read_lock
 
 FORMAT = 2  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)

@@ -27,6 +27,7 @@ import uuid
 from common import UserError, write_json, write_text
 from model import EmbeddingSpec
 from runs.checkpoint import complete, read_info, remove, verify
+from runs.lock import alive_here, lock_record, read_lock
 
 EXIT_RESUME = 75  # EX_TEMPFAIL ("try again later"): stopped on a signal with a checkpoint written; resume me
 LOCK = "run.lock"
@@ -169,7 +170,7 @@ def write_config(path, config, step, changed):
     write_json(path, {"config": config, "history": history})
 
 
-def finished(info, max_iters, export_info):
+def is_finished(info, max_iters, export_info):
     """True when the newest checkpoint (its pace.json `info`) is the last step of a run of max_iters and export/
     (its pace.json) holds that step: a resume then has nothing to do."""
     return bool(info) and info.get("step") == max_iters and (export_info or {}).get("step") == max_iters
@@ -273,50 +274,6 @@ def start_wandb(out_dir, resuming, project, name, config):
         raise UserError("wandb_log=True needs the wandb package: pip install wandb (then wandb login)") from None
     wandb.init(project=project, name=name, id=wandb_run_id(out_dir, resuming), resume="allow", config=config)
     return wandb
-
-
-# -----------------------------------------------------------------------------
-# lock files: one run of an out_dir (runs/outdir.py), one writer of a prepared table (readers/training.py)
-
-def lock_record(**fields):
-    """What a lock file holds of the process taking it: its host, pid and start time (process_start), and fields."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid()), **fields}
-
-
-def read_lock(path):
-    """A lock file's record (lock_record), or None when there is none or it is empty (being written, or cut short)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def process_start(pid):
-    """When process pid started (clock ticks since boot, /proc/<pid>/stat), so a pid the system reused for another
-    process is told apart; None when there is no such process. Without /proc: True while the pid exists."""
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command in parentheses
-    except FileNotFoundError:
-        return None
-    except OSError:
-        try:
-            os.kill(int(pid), 0)
-            return True
-        except OSError:
-            return None
-
-
-def alive_here(record):
-    """True when a lock's process runs on this host: its pid exists and started when the lock says."""
-    if record.get("host") != socket.gethostname():
-        return False
-    try:
-        started = process_start(record["pid"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    return started is not None and started == record.get("process_start", started)
 
 
 # -----------------------------------------------------------------------------

@@ -189,7 +189,7 @@ def make_examples(task, rng, count, unseen, folder, image_dir, image_size, num_h
     return examples
 
 
-def shuffled(rng, items):
+def in_random_order(rng, items):
     items = list(items)
     rng.shuffle(items)
     return items
@@ -202,7 +202,7 @@ def classification_example(rng, scenes, i, allowed, num_hard, hardest):
     query = (f"<|image_1|>\n{QUESTION} What colour and shape is the object?", path)
     others = [c for c in sorted(allowed) if c != target[:2]]
     near = [c for c in others if c[0] == target[0] or c[1] == target[1]]  # one attribute right
-    hard = [(f"{c} {s}", "") for c, s in shuffled(rng, near) + shuffled(rng, (c for c in others if c not in near))]
+    hard = [(f"{c} {s}", "") for c, s in in_random_order(rng, near) + in_random_order(rng, (c for c in others if c not in near))]
     return query, (label(target), ""), hard
 
 
@@ -214,15 +214,15 @@ def vqa_example(rng, scenes, i, allowed, num_hard, hardest):
         "shape": (f"What shape is the {colour} object?", shape, list(SHAPES)),
         "where": (f"Where is the {colour} {shape}?", CELLS[cell], list(CELLS))}[kind]
     rest = set(COLOURS) | set(SHAPES) | set(CELLS)
-    hard = [(option, "") for option in shuffled(rng, (o for o in options if o != answer))
-            + shuffled(rng, sorted(rest - set(options)))]  # answers of the asked kind first
+    hard = [(option, "") for option in in_random_order(rng, (o for o in options if o != answer))
+            + in_random_order(rng, sorted(rest - set(options)))]  # answers of the asked kind first
     return (f"<|image_1|>\n{QUESTION} {question}", path), (answer, ""), hard
 
 
 def text_to_image_example(rng, scenes, i, allowed, num_hard, hardest):
     _, _, path, _, text, combos = scenes[i]
     # other scenes, those sharing the most colour-shape pairs first (ties in random order)
-    others = shuffled(rng, (k for k in range(len(scenes)) if scenes[k][4] != text))
+    others = in_random_order(rng, (k for k in range(len(scenes)) if scenes[k][4] != text))
     others.sort(key=lambda k: -len(scenes[k][5] & combos))
     return (f"{TEXT_TO_IMAGE} {text}", ""), (IMAGE_CANDIDATE, path), [(IMAGE_CANDIDATE, scenes[k][2]) for k in others]
 
@@ -239,7 +239,7 @@ def grounding_example(rng, scenes, i, allowed, num_hard, hardest):
     """The target's crop; the other objects' crops, then crops of other scenes."""
     scene, target, path, crops, _, _ = scenes[i]
     hard = [(CROP_CANDIDATE, crops[obj]) for obj in scene if obj != target]
-    for k in shuffled(rng, (k for k in range(len(scenes)) if k != i)):
+    for k in in_random_order(rng, (k for k in range(len(scenes)) if k != i)):
         hard += [(CROP_CANDIDATE, crop) for obj, crop in scenes[k][3].items() if obj[:2] != target[:2]]
         if hardest and len(hard) >= num_hard:
             break

@@ -31,6 +31,7 @@ same task: the gap says the model reads the pictures, not only the words. The fo
 (config.json, model.safetensors, tokenizer, preprocessor configs; written aside, then moved in), plus
 pretraining.json: the recipe, the loss of every step, the held-out losses and the time.
 """
+import contextlib
 import json
 import math
 import os
@@ -42,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from common import UserError, compute_init, duration, torch_threads, write_json
+from common import UserError, compute_init, duration, write_json
 from media import IMAGE_MARKER
 from shapes.prepare import DATA_DIR, GROUNDING, IMAGE_TO_TEXT, TEXT_TO_IMAGE, UNSEEN
 
@@ -51,6 +52,17 @@ BATCH_SIZE = 32
 LEARNING_RATE = 2e-3
 HOLD_OUT = 20  # every 20th example is held out for the picture check
 RECORD = "pretraining.json"
+
+
+@contextlib.contextmanager
+def torch_threads(count):
+    """torch's CPU threads set to `count` inside the block, and what they were restored after it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 # -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from model import Embedder
+from model import FAMILIES, Embedder
 from shapes.tiny_model import make_tiny_checkpoint
 from tests.toyrun import run_train
 
@@ -27,12 +27,11 @@ def tiny_embedder(tiny_checkpoint):
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory, tiny_checkpoint):
     """{family: a tiny checkpoint of it} for every backbone family of model.FAMILIES (the core tests run on each)."""
-    from model import FAMILIES
     return {family: tiny_checkpoint if family == "qwen3_5" else make_tiny_checkpoint(
         str(tmp_path_factory.mktemp(f"tiny_{family}")), seed=0, family=family) for family in FAMILIES}
 
 
-@pytest.fixture(scope="session", params=["qwen3_5", "qwen3_vl"])
+@pytest.fixture(scope="session", params=list(FAMILIES))
 def family_embedder(request, tiny_checkpoints):
     """The tiny checkpoint of each backbone family as an Embedder (float32, eval mode): a test taking it runs on both.
     Tests must not modify it."""

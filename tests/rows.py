@@ -10,7 +10,7 @@ import os
 
 import data
 from readers import training
-from readers.records import SourceReport
+from readers.reports import SourceReport
 
 
 def table(folder, train_data, image_dir, num_hard_negatives=0, **options):

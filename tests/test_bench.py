@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-import common
 import lora
 from bench import bench, fla_check, synthetic
 from tests.toyrun import rank_env, run_process
-from train_step import step_flops
+from runs.cost import step_flops
+from shapes.pretrain import torch_threads
 
 TINY = ["--iters=1", "--warmup=0", "--batch_size=4", "--num_hard_negatives=1", "--grad_cache_chunk=2",
         "--max_pixels=131072"]  # the MMEB-shaped mix's images at most 362 x 362: seconds, not minutes
@@ -98,7 +98,7 @@ def test_fla_check_passes_a_second_reference_and_fails_a_wrong_one():
     # On a CPU, transformers' token-by-token reference stands in for fla's kernel; one with v's sign flipped is wrong
     # transformers' token-by-token PyTorch gated delta rule: a second, independent reference
     recurrent = fla_check.reference("torch_recurrent_gated_delta_rule")
-    with common.torch_threads(1):  # many small ops: more threads only wait on each other
+    with torch_threads(1):  # many small ops: more threads only wait on each other
         assert max(fla_check.check(recurrent, "cpu", tokens=70).values()) <= fla_check.TOLERANCE
         wrong = fla_check.check(lambda q, k, v, **args: recurrent(q, k, -v, **args), "cpu", tokens=70)
     assert wrong["output"] > 1 and wrong["grad v"] > 1

@@ -209,6 +209,21 @@ def test_help_prints_every_key_its_default_and_comment(capsys):
     assert re.search(r"^datasets += \[\]  # dataset folder names to score", evaluation_help, re.M)
 
 
+@pytest.mark.slow
+def test_every_module_of_tools_answers_help_without_a_traceback():
+    # a script prints its keys; a library module (the judge) says what it is and what runs it; the mteb wrapper needs
+    # mteb only to run, not to say how
+    modules = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, 'tools')) if name.endswith('.py')
+                     and name != '__init__.py')
+    assert {'judge', 'mteb_model'} < set(modules)
+    for name in modules:
+        run = subprocess.run([sys.executable, '-m', f'tools.{name}', '--help'], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0 and 'Traceback' not in run.stderr, (name, run.stderr[-2000:])
+        assert run.stdout.startswith(f'tools/{name}.py: '), (name, run.stdout[:200])
+        assert f'python -m tools.{"mine" if name == "judge" else name}' in run.stdout, name
+
+
 @pytest.mark.parametrize('name', TRAIN_CONFIGS)
 def test_every_training_config_resolves_and_its_stage_two_starts_from_a_kept_checkpoint(name, train_defaults):
     defaults = train_defaults

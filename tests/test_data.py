@@ -470,7 +470,7 @@ def test_a_field_outside_its_layout_is_a_bad_row_naming_it_and_the_closest_known
     pq.write_table(table, tmp_path / "mined.parquet")
     with pytest.raises(UserError) as error:
         read_rows(tmp_path, str(tmp_path / "mined.parquet"), str(tmp_path), 1)
-    assert f"mined.parquet row 0 field 'qry_img'" in str(error.value) and "'qry_image_path'?" in str(error.value)
+    assert "mined.parquet row 0 field 'qry_img'" in str(error.value) and "'qry_image_path'?" in str(error.value)
     rows, reports = read_rows(tmp_path, str(tmp_path / "mined.parquet"), str(tmp_path), 1, skip_bad_rows=True)
     assert rows == [] and reports[0].bad == {"unknown field 'qry_img'": 3}
     # what the real layouts carry beside the fields is read as before: mmE5-synthetic's modality, tools/mine.py's
@@ -483,7 +483,7 @@ def test_a_field_outside_its_layout_is_a_bad_row_naming_it_and_the_closest_known
 
 def test_check_data_finds_an_image_deleted_after_the_conversion_as_a_conversion_would(tmp_path):
     from readers import training
-    from readers.records import SourceReport
+    from readers.reports import SourceReport
     from tests.rows import table
     for name in ("a.png", "b.png", "c.png"):
         save_image(tmp_path / name)
@@ -612,7 +612,7 @@ def test_one_writer_converts_while_the_others_wait(tmp_path):
     import subprocess
     import threading
 
-    from runs.outdir import lock_record
+    from runs.lock import lock_record
     from readers import training
     source = write_jsonl(tmp_path / "rows.jsonl", [record(i) for i in range(3000)])
     results = multiprocessing.get_context("fork").Queue()

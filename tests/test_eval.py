@@ -26,6 +26,7 @@ from model import EmbeddingSpec
 from readers import mmeb
 from readers.evaluation import read_eval_dataset
 from runs.export import model_card
+from runs import results
 from shapes.prepare import prepare
 from tools import geometry as diagnostics
 from tests import downloads
@@ -235,10 +236,10 @@ def test_geometry_by_hand():
     angles = torch.linspace(0, 1.2, 50)
     directions = torch.stack([angles.cos(), angles.sin(), torch.zeros(50)], 1)  # (50, 3)
     queries, golds = torch.tensor([1.0, 0.0, 0.0]).expand(50, 3) * 2, directions * (3 * (1 - angles.cos()[:, None])).exp()
-    sample = evaluation.geometry_sample_of(queries, golds, golds, 10, torch.Generator().manual_seed(0))
+    sample = results.geometry_sample_of(queries, golds, golds, 10, torch.Generator().manual_seed(0))
     summary = diagnostics.summary([sample])
     assert summary["norm_cos_pearson_r"] == pytest.approx(-1.0, abs=1e-4)
-    constant = evaluation.geometry_sample_of(8 * directions, 8 * directions, 8 * directions, 10,
+    constant = results.geometry_sample_of(8 * directions, 8 * directions, 8 * directions, 10,
                                              torch.Generator().manual_seed(0))
     numbers = diagnostics.summary([constant])
     assert numbers["norm_cos_pearson_r"] is None and numbers["all_norms_equal"]  # all norms equal: r undefined
@@ -271,7 +272,7 @@ def test_norm_from_direction_r2():
     few = diagnostics.norm_from_direction_r2(free[:30])  # 30 points: enough for 2 components, too few for 10
     assert few["2"] is not None and few["10"] is None
     # norms that vary while r is undefined (every pair's cosine is 1): printed and drawn, not a crash
-    numbers = diagnostics.summary([evaluation.geometry_sample_of(tied, tied, tied, 10, generator)])
+    numbers = diagnostics.summary([results.geometry_sample_of(tied, tied, tied, 10, generator)])
     assert numbers["norm_cos_pearson_r"] is None and not numbers["all_norms_equal"]
     assert diagnostics.describe(numbers).startswith("r -, norm-from-direction R^2 (k=2) 1.00")
 

@@ -18,6 +18,7 @@ from common import UserError
 from readers import mmeb_v2
 from readers.mmeb_v2_data import V2_TASKS as V2_READERS
 from readers.mmeb_v2_rows import read_v2_task, select_v2_tasks
+from runs import results
 from tests import downloads
 from tests.toyrun import ROOT
 
@@ -106,7 +107,7 @@ def test_image_tasks_carry_vlm2vec_v2s_hit_at_1_beside_p_at_1(tiny_embedder):
                                                                      for j in range(3)]} for k in range(3)]
     result = evaluation.evaluate_dataset(tiny_embedder, rows, "cos")[0]
     assert result["v2_hit_at_1"] == result["precision_at_1"] == 100.0  # a query is its own gold: cos 1, no tie
-    section = evaluation.v2_section({}, {"ImageNet-1K": dict(result, num_queries=3)})
+    section = results.v2_section({}, {"ImageNet-1K": dict(result, num_queries=3)})
     assert section["results"]["ImageNet-1K"]["hit@1"] == 1.0 and section["modalities"]["image"]["present"] == [
         "ImageNet-1K"]
 
@@ -155,8 +156,8 @@ def test_an_english_only_vidore_v2_run_is_taken_by_name_scored_apart_and_in_no_m
     settings = {"dtype": "float32", "skip_bad_rows": False, "overwrite": False, "num_workers": 0, "batch_size": 4}
     per_task = evaluation.evaluate_v2(tiny_embedder, names, whole, str(tmp_path / "out"), settings, 0, 1, log, "x")
     assert set(per_task) == set(family) | {english} and per_task[english]["metric"] == "ndcg_linear@5"
-    with_it = evaluation.v2_section(per_task, {})
-    without = evaluation.v2_section({n: r for n, r in per_task.items() if n != english}, {})
+    with_it = results.v2_section(per_task, {})
+    without = results.v2_section({n: r for n, r in per_task.items() if n != english}, {})
     assert with_it["english_only"] == {english: pytest.approx(100 * per_task[english]["ndcg_linear@5"])}
     assert english not in with_it["tasks"] and english not in with_it["not_scored"] and not without["english_only"]
     for part in ("families", "modalities"):

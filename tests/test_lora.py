@@ -204,21 +204,22 @@ def test_merge_lora_state_dict_equals_module_merge():
         torch.testing.assert_close(merged_dict[key], value)
 
 
-def test_merged_tiny_embedder_saves_and_reloads_to_the_same_embeddings(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl"])
+def test_merged_tiny_embedder_saves_and_reloads_to_the_same_embeddings(tiny_checkpoints, tmp_path, family):
     from model import Embedder
     from runs.export import save_hf_folder
-    embedder = Embedder.from_pretrained(tiny_checkpoint)
-    inject_lora(embedder.model, rank=4, alpha=8)
+    embedder = Embedder.from_pretrained(tiny_checkpoints[family])
+    wrapped = inject_lora(embedder.model, rank=4, alpha=8)
     torch.manual_seed(1)
     for module in embedder.modules():
         if isinstance(module, LoRALinear):
             nn.init.normal_(module.lora_B, std=0.2)
     items = [{"text": "a red circle", "image": None}, {"text": "two shapes on the left", "image": None}]
     adapted = embedder.encode(items)
-    assert merge_lora(embedder) == 31
+    assert merge_lora(embedder) == len(wrapped) == {"qwen3_5": 31, "qwen3_vl": 28}[family]  # every linear layer
     torch.testing.assert_close(embedder.encode(items), adapted, atol=1e-5, rtol=0)
     save_hf_folder(embedder.state_dict(), embedder.spec, str(tmp_path / "merged"), {"step": 0})
     reloaded = Embedder.from_pretrained(str(tmp_path / "merged"))
     torch.testing.assert_close(reloaded.encode(items), adapted, atol=1e-5, rtol=0)
-    base = Embedder.from_pretrained(tiny_checkpoint).encode(items)
+    base = Embedder.from_pretrained(tiny_checkpoints[family]).encode(items)
     assert (base - adapted).abs().max() > 1e-2  # the adapters changed the function that was saved

@@ -106,7 +106,7 @@ def test_the_mteb_wrapper_scores_a_local_image_task_with_encodes_vectors(exports
     from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
     from mteb.abstasks.task_metadata import TaskMetadata
     from mteb.types import PromptType
-    from tools.mteb_model import PaceEncoder
+    from tools.mteb_model import pace_encoder
     paths, pictures = exports
     captions = ["a picture of noise", "more noise, larger", "a small square of noise"]
 
@@ -128,7 +128,7 @@ def test_the_mteb_wrapper_scores_a_local_image_task_with_encodes_vectors(exports
             self.dataset, self.data_loaded = {"default": {"test": split}}, True
 
     task = LocalTextToImage()
-    encoder = PaceEncoder(paths["dot"], batch_size=2)
+    encoder = pace_encoder(paths["dot"], batch_size=2)
     assert encoder.mteb_model_meta.similarity_fn_name.value == "dot" and "image" in encoder.mteb_model_meta.modalities
     results = mteb.evaluate(encoder, task, cache=None)
     score = results.task_results[0].scores["test"][0]["main_score"]

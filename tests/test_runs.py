@@ -19,6 +19,7 @@ import time
 
 import pytest
 import torch
+from PIL import Image
 
 from common import UserError
 from runs import checkpoint, outdir
@@ -120,8 +121,8 @@ def test_kept_checkpoints_survive_pruning_and_broken_ones_are_passed_over(tmp_pa
     assert "step_000006: broken checkpoint, __0_0.distcp is 50 bytes, 100 written" in capsys.readouterr().out
     assert outdir.set_aside(out, 5) == [checkpoint.step_path(out, 5), checkpoint.step_path(out, 6)]
     assert os.path.isdir(checkpoint.step_path(out, 5) + ".suspect") and outdir.newest_intact(out).endswith("3")
-    assert outdir.finished({"step": 4}, 4, {"step": 4}) and not outdir.finished({"step": 4}, 4, {"step": 2})
-    assert not outdir.finished({"step": 3}, 4, {"step": 3})
+    assert outdir.is_finished({"step": 4}, 4, {"step": 4}) and not outdir.is_finished({"step": 4}, 4, {"step": 2})
+    assert not outdir.is_finished({"step": 3}, 4, {"step": 3})
 
 
 def test_a_stop_signal_sets_received_and_a_second_ctrl_c_stops_at_once(capsys):
@@ -392,3 +393,24 @@ def test_the_exports_chat_template_and_cards_code_give_encodes_ids_and_vectors(t
     expected = exported.encode([{"text": text, "image": image} for text, image in items])
     got = torch.stack([namespace["embed"](text, image) for text, image in items])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_readmes_code_runs_as_a_script_in_another_folder(tiny_embedder, tmp_path):
+    # "Using a trained model", saved as a script outside the repository and run as the README says: with the
+    # repository on PYTHONPATH, its paths the working directory's
+    from runs.export import save_hf_folder
+    readme = open(os.path.join(ROOT, "README.md")).read().split("## Using a trained model")[1]
+    code = readme.split("```python\n")[1].split("```")[0]
+    assert 'load_embedder("out/stage2/export")' in code and "PYTHONPATH=/path/to/pace python my_script.py" in readme
+    save_hf_folder(tiny_embedder.state_dict(), tiny_embedder.spec.replace(similarity="dot"),
+                   str(tmp_path / "out" / "stage2" / "export"), {"step": 1})
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "photo.jpg")
+    (tmp_path / "my_script.py").write_text(code + "\nprint(tuple(vectors.shape), float(scores))\n")
+    run = subprocess.run([sys.executable, "my_script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1].startswith(f"(2, {tiny_embedder.dim}) ")
+    alone = subprocess.run([sys.executable, "my_script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert "No module named 'runs'" in alone.stderr  # without it, what the README's line fixes

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 import configurator
-import eval as evaluation
 from common import UserError
 from model import SPEC_FILE, Embedder, EmbeddingSpec
-from runs import outdir
+from runs import outdir, results
 from runs.export import load_embedder, model_card
 from tests.toyrun import help_defaults
 
@@ -68,7 +67,7 @@ def test_every_field_is_a_training_key_a_resume_may_not_change():
 def test_every_field_changes_evals_cache_key(changed_spec, tmp_path):
     (tmp_path / "Set").mkdir()
     (tmp_path / "Set" / "test.parquet").write_bytes(b"rows")
-    key = lambda spec: evaluation.dataset_key("Set", str(tmp_path / "Set"), spec, "fingerprint", {"seed": 0})  # noqa: E731
+    key = lambda spec: results.dataset_key("Set", str(tmp_path / "Set"), spec, "fingerprint", {"seed": 0})  # noqa: E731
     default = key(EmbeddingSpec())
     for field, value in CHANGED.items():
         assert key(dataclasses.replace(EmbeddingSpec(), **{field: value})) != default, field

@@ -244,12 +244,13 @@ def toy_batch(toy, preprocessor, num_rows=6, max_items=3, tmp_path=None):
     return data.collate_train(preprocessor, max_items)([dataset[i] for i in range(num_rows)])
 
 
-@pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 6.4)])
-def test_grad_cache_gives_the_plain_gradients(toy, tiny_checkpoint, tmp_path, similarity, temperature):
+@pytest.mark.parametrize("similarity,temperature,family", [("cos", 0.1, "qwen3_5"), ("dot", 6.4, "qwen3_5"),
+                                                            ("dot", 6.4, "qwen3_vl")])
+def test_grad_cache_gives_the_plain_gradients(toy, tiny_checkpoints, tmp_path, similarity, temperature, family):
     import lora
     import train_step
     from model import Embedder
-    embedder = Embedder.from_pretrained(tiny_checkpoint, max_pixels=4096, max_length=512)
+    embedder = Embedder.from_pretrained(tiny_checkpoints[family], max_pixels=4096, max_length=512)
     torch.manual_seed(0)
     lora.inject_lora(embedder.model, 4, 8, dropout=0.1)  # dropout: the re-forward must replay the same masks
     for module in embedder.modules():
@@ -345,7 +346,7 @@ def test_a_backbone_saved_by_transformers_5_trains_resumes_and_exports(toy, stra
     with open(os.path.join(straight[0], "export", "preprocessor_config.json")) as f:
         assert json.load(f)["size"] == {"shortest_edge": 1024, "longest_edge": 4096}
     exported = Embedder.from_pretrained(export)
-    assert exported.preprocessor.image_processor.size["longest_edge"] == 4096 == exported.spec.max_pixels
+    assert exported.preprocessor.vision["image"].size["longest_edge"] == 4096 == exported.spec.max_pixels
     image = next(os.path.join(d, f) for d, _, fs in sorted(os.walk(toy["images"])) for f in sorted(fs)
                  if os.path.join(d, f) not in toy["broken"])
     items = [{"text": "a red circle", "image": None}, {"text": "<|image_1|> what shape?", "image": image}]

@@ -194,7 +194,7 @@ def from_training_rows(path, table, count, seed, batch_size, num_workers, dtype,
     checkpoint at path, as the paper measures them: query-positive pairs for the Pearson r, queries against other
     rows' positives for the random pairs."""
     import data
-    import eval as evaluation
+    from runs import results
     from runs.export import load_for_inference
     picked = random.Random(seed).sample(range(len(table)), min(count, len(table)))
     rows = [data.row_with_negatives(table, i, 0, seed) for i in picked]
@@ -203,7 +203,7 @@ def from_training_rows(path, table, count, seed, batch_size, num_workers, dtype,
     embeddings = embedder.encode(items, batch_size, common.worker_count(num_workers), progress="training rows")
     queries, positives = embeddings[:len(rows)], embeddings[len(rows):]
     generator = torch.Generator().manual_seed(seed + 1)
-    return summary([evaluation.geometry_sample_of(queries, positives, positives, len(rows), generator)], count)
+    return summary([results.geometry_sample_of(queries, positives, positives, len(rows), generator)], count)
 
 
 def main(argv=None):

@@ -1,7 +1,8 @@
 """
 tools/judge.py: UniME-V2's MLLM-as-a-judge (Gu et al., AAAI 2026): a generative Qwen-VL model asked whether a
 candidate meets a query's requirement, its answer's Yes/No logits turned into a score in [0, 1]. tools/mine.py runs
-it over each query's pool of mined candidates, in resumable chunks.
+it over each query's pool of mined candidates, in resumable chunks: `python -m tools.mine --judge_from=MODEL ...`
+(docs/hard_negatives.md). Run alone, this module says so.
 
     judge = Judge("/models/Qwen3.5-2B", torch.float32, device, max_length=8192, max_pixels=1605632)
     scores = judge.score([(query, candidate), ...], batch_size=8, num_workers=4)   # (n,) float64
@@ -10,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 
 import torch
@@ -164,3 +166,8 @@ def wait_for_chunks(files, timeout_minutes, poll_seconds=2.0):
             raise UserError(f"judge: {len(files) - done} chunks missing and none came for {timeout_minutes} minutes "
                             "(a rank stopped?); run again to resume, the finished chunks are kept")
         time.sleep(poll_seconds)
+
+
+if __name__ == "__main__":  # a library of tools/mine.py: it says what it is and how it runs
+    print(__doc__.strip())
+    sys.exit(0 if set(sys.argv[1:]) <= {"--help", "-h"} else 2)
