@@ -96,12 +96,9 @@ class TrainTable:
 
 
 def row_with_negatives(table, i, num_negatives, seed):
-    """Row i of table with exactly num_negatives = K negatives. More than K: the first K are kept (mined negatives
-    come hardest first), and a judged row's scores with them. Fewer: the rest are drawn from the original
-    candidates (positive or negatives) of other rows of the same subset, by random.Random(f"{seed}/{subset
-    index}/{row index in the subset}"), so the fill depends only on the data and the seed; a draw equal to the
-    row's own positive (the same text and image, e.g. a shared class label) or to one of its candidates already is
-    rejected."""
+    """Row i of table with exactly K = num_negatives negatives: its first K (mined ones come hardest first, a judge's
+    scores with them), or fewer filled with candidates of other rows of its subset, drawn by random.Random(f"{seed}/
+    {subset}/{row in it}") (the data and the seed alone decide), none equal to one it has (a shared class label)."""
     row = table.row(i)
     key = lambda side: (side["text"], side["image"])  # noqa: E731
     candidates = row["candidates"][:1 + num_negatives]  # the positive, then the first K negatives
@@ -215,6 +212,61 @@ class ShardedBatchSampler:
                 raise UserError(f"cannot resume the data: the checkpoint has {key}={state[key]}, "
                                  f"this run {getattr(self, key)}")
         self.position = int(state["position"])
+
+
+class MixtureSampler(ShardedBatchSampler):
+    """ShardedBatchSampler over a mixture: sources (train_data's entries: {"ranges": [(start, stop)] of the table's
+    rows, "weight"}) drawn with probability weight / total (VLM2Vec-V2's), per query, or with group > 0 per group of
+    `group` queries on every rank at once: group g of each rank comes from one source, so the candidates the loss
+    gathers across ranks for it are that source's, as VLM2Vec-V2's homogeneous batches are. One seeded stream of
+    draws, alike on every rank; each source is read through its own seeded permutations, one after another (a source
+    read through starts its next, where VLM2Vec-V2 restarts it unshuffled). An epoch: num_rows // batch_size steps.
+    State: `position`, as ShardedBatchSampler's, the draws before it replayed on a resume."""
+
+    def __init__(self, sources, batch_size, rank=0, world_size=1, seed=0, group=0):
+        self.rows = [np.concatenate([np.arange(a, b) for a, b in s["ranges"]]) for s in sources]  # each (R_s,)
+        super().__init__(sum(map(len, self.rows)), batch_size, rank, world_size, seed)
+        per_rank = batch_size // world_size
+        if group and per_rank % group:
+            raise UserError(f"homogeneous_batch={group} does not divide a rank's {per_rank} queries "
+                            f"(batch_size={batch_size} over {world_size} ranks)")
+        weights = np.array([s["weight"] for s in sources], dtype=np.float64)
+        self.probabilities, self.group = weights / weights.sum(), group
+        self.draws = per_rank // group if group else batch_size  # sources drawn a step, alike on every rank
+        self.passes = {}  # source -> (its pass, that pass's permutation)
+
+    def batches_from(self, position):
+        per_rank, world, size = self.batch_size // self.world_size, self.world_size, self.group or 1
+        draws = np.random.default_rng([self.seed, 1])
+        taken = np.bincount(draws.choice(len(self.rows), position * self.draws, p=self.probabilities),
+                            minlength=len(self.rows)) * (size * world if self.group else 1)  # (S,) rows read so far
+        while True:
+            mine = []
+            for k, source in enumerate(draws.choice(len(self.rows), self.draws, p=self.probabilities).tolist()):
+                first = taken[source] + (self.rank * size if self.group else 0)
+                if self.group or k // per_rank == self.rank:  # every rank's group g; else this rank's queries
+                    mine += [self.row(source, first + j) for j in range(size)]
+                taken[source] += size * world if self.group else 1
+            yield mine
+
+    def row(self, source, k):
+        """The k-th row a source gives: in its pass k // R_s, a seeded permutation of its rows (the last kept)."""
+        rows, (done, order) = self.rows[source], self.passes.get(source, (None, None))
+        if done != k // len(rows):
+            done, order = k // len(rows), np.random.default_rng([self.seed, 2, source, k // len(rows)]).permutation(len(rows))
+            self.passes[source] = done, order
+        return int(rows[order[k % len(rows)]])
+
+    def state_dict(self):  # homogeneous groups are per rank: their draws depend on the number of ranks
+        return dict(super().state_dict(), probabilities=self.probabilities.tolist(), group=self.group,
+                    ranks=self.world_size if self.group else None)
+
+    def load_state_dict(self, state):
+        for key in ("probabilities", "group", "ranks"):  # the same mixture, or the position means nothing
+            if state.get(key) != self.state_dict()[key]:
+                raise UserError(f"cannot resume the data: the checkpoint has {key}={state.get(key)}, this run "
+                                f"{self.state_dict()[key]}")
+        super().load_state_dict(state)
 
 
 # -----------------------------------------------------------------------------

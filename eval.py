@@ -86,6 +86,7 @@ max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoin
 video_frames = 0  # frames a video keeps, spread evenly (VLM2Vec-V2: 8, Qwen3-VL-Embedding: 64); 0 = the checkpoint's
 video_max_pixels = 0  # a video's pixel budget over all its kept frames (t * h * w); 0 = the checkpoint's own
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
+dim = 0  # the vectors' first dim dimensions (Matryoshka: see the spec's matryoshka_dims); 0 = the checkpoint's
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # let rows name images outside image_dir
 out = "out/eval.json"  # results as JSON; what the tools draw from goes beside it (<stem>_datasets/)
@@ -388,7 +389,7 @@ def main(argv=None):
     started = time.time()
     embedder, info = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
                                         similarity=similarity, video_frames=video_frames,
-                                        video_max_pixels=video_max_pixels)
+                                        video_max_pixels=video_max_pixels, dim=dim)
     settings = {key: config[key] for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers", "overwrite")}
     stem = os.path.splitext(out)[0]
     checkpoint_id = fingerprint(init_from)

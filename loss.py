@@ -16,7 +16,10 @@ The equations (paper, Section 3.3):
     p_i  = softmax_j(s_cos(q_i, c_j) / tau_w) at the positive: cosine in both stages  eq. (4)
     a_i  = stopgrad[(1 - p_i)^gamma]                                     eq. (5)
     L    = sum_i a_i l_i / sum_i a_i, both sums over the global batch     eqs. (6), (7)
-With gamma = 0 every a_i = 1 and L is plain InfoNCE (the VLM2Vec baseline). Figure 6(b)'s other query weightings
+With gamma = 0 every a_i = 1 and L is plain InfoNCE (the VLM2Vec baseline). Matryoshka dimensions (matryoshka_dims,
+MRL): l_i is the mean of eq. (3) over the whole vector and each leading prefix q[:d], c[:d], each at its own s (the
+prefix normalised for cos, its own norm for dot) and the same tau, while p_i stays the whole vector's cosine.
+Figure 6(b)'s other query weightings
 have no formulas in the paper; these are this codebase's, detached and normalised as eq. (5)'s (weighting=...):
     "focal"           a_i = (1 - p_i)^gamma                                   eq. (5), the default
     "random"          a_i ~ Uniform(0, 1), drawn afresh each step: weighting that knows nothing
@@ -58,7 +61,7 @@ class LossTerms(NamedTuple):
     logits: torch.Tensor  # (N, world * M) s / tau, eq. (3)
     cos: torch.Tensor  # (N, world * M) s_cos, eq. (1)
     targets: torch.Tensor  # (N,) each query's positive among all ranks' candidates
-    nll: torch.Tensor  # (N,) l_i, eq. (3)
+    nll: torch.Tensor  # (N,) l_i, eq. (3) (with MRL its mean over the dimensions)
     confidence: torch.Tensor  # (N,) p_i, eq. (4)
     weights: torch.Tensor  # (N,) a_i before normalisation, eq. (5)
     query_norms: torch.Tensor  # (N,)
@@ -172,12 +175,12 @@ def alignment_terms(logits, *, own_candidates, judge_scores, judge_temperature, 
 
 def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0, focal_temperature=0.1,
               weighting="focal", judge_scores=None, own_candidates=None, judge_temperature=0.02, alignment_weight=1.0,
-              infonce_weight=1.0, alignment_floor=0.0):
+              infonce_weight=1.0, alignment_floor=0.0, matryoshka_dims=()):
     """Focal Embedding Loss, eqs. (3)-(7). q: (N, D) local queries, c: (M, D) local candidates, targets: (N,)
     positive index in the local c. With judge_scores (N, 1 + K), the judge's scores of each query's own positive
     and K hard negatives, and own_candidates (N, 1 + K), their indices in the local c (positive first), UniME-V2's
     alignment joins it, eqs. (U1)-(U4), at judge_temperature tau_j, weights infonce_weight mu and alignment_weight
-    lambda, and alignment_floor eps (U3'). -> LossTerms"""
+    lambda, and alignment_floor eps (U3'). matryoshka_dims: the prefix dimensions l_i averages over. -> LossTerms"""
     check_inputs(q, c, targets, weighting, judge_scores, own_candidates)
     rank, world = rank_and_world()
     all_c = gather_candidates(c)  # (world * M, D)
@@ -185,6 +188,10 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
     positive = F.one_hot(targets, all_c.shape[0]).bool()  # (N, world * M)
     logits = similarity_matrix(q, all_c, similarity) / temperature  # (N, world * M) float32
     nll = -logits.log_softmax(dim=-1)[positive]  # (N,) l_i = -log pi_i, eq. (3)
+    prefixes = [d for d in matryoshka_dims if d < q.shape[1]]  # MRL: eq. (3) at each prefix too, then their mean
+    for d in prefixes:
+        nll = nll + -(similarity_matrix(q[:, :d], all_c[:, :d], similarity) / temperature).log_softmax(dim=-1)[positive]
+    nll = nll / (1 + len(prefixes))  # (N,)
     with torch.no_grad():
         cos = similarity_matrix(q, all_c, "cos")  # (N, world * M), eq. (1)
         confidence = (cos / focal_temperature).softmax(dim=-1)[positive]  # (N,) p_i, eq. (4): always cosine

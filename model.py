@@ -54,8 +54,7 @@ FAMILIES = {  # a third family: an entry here, a tiny checkpoint in shapes/tiny_
 }
 
 
-def family_of(path):
-    """The Family of a local Hugging Face folder, by its config.json's model_type; a UserError naming the folder."""
+def family_of(path):  # the Family of a local Hugging Face folder, by its config.json's model_type
     try:
         with open(os.path.join(path, "config.json")) as f:
             model_type = json.load(f).get("model_type")
@@ -68,8 +67,7 @@ def family_of(path):
     return FAMILIES[model_type]
 
 
-def users(function, *args):
-    """function(*args), its ValueError (media.py's, naming the file) raised as the user's to fix."""
+def users(function, *args):  # function(*args), its ValueError (media.py's, naming the file) raised as the user's
     try:
         return function(*args)
     except ValueError as error:
@@ -115,6 +113,8 @@ class EmbeddingSpec:
     video_min_pixels: int = 0  # a video's fewest pixels over all its frames, t * h * w (0: the checkpoint's own)
     video_max_pixels: int = 0  # a video's most pixels over all its frames (0: the checkpoint's own)
     video_fps: float = 2.0  # the frame rate its timestamps assume (Qwen3-VL's video processor samples at 2)
+    dim: int = 0  # a vector's dimensions: the pooled state's first dim (Matryoshka's truncation); 0: all of it
+    matryoshka_dims: tuple = ()  # the leading prefixes trained beside the whole vector (MRL), increasing; (): none
     backbone: str = ""  # the Hugging Face release folder the weights descend from (absolute path)
 
     def __post_init__(self):
@@ -124,6 +124,12 @@ class EmbeddingSpec:
         if not (isinstance(self.video_frames, int) and self.video_frames >= 1 and self.video_fps > 0):
             raise UserError(f"video_frames must be 1 or more and video_fps above 0, got {self.video_frames!r} and "
                             f"{self.video_fps!r}")
+        dims = tuple(self.matryoshka_dims)
+        object.__setattr__(self, "matryoshka_dims", dims)  # a JSON list or a config's list, as a tuple
+        if not (isinstance(self.dim, int) and self.dim >= 0 and all(isinstance(d, int) and d > 0 for d in dims)
+                and list(dims) == sorted(set(dims))):
+            raise UserError(f"dim must be 0 or more and matryoshka_dims increasing positive dimensions, got "
+                            f"dim={self.dim!r}, matryoshka_dims={list(dims)!r}")
 
     fields = classmethod(lambda cls: [field.name for field in dataclasses.fields(cls)])
     defaults = classmethod(lambda cls: {k: v for k, v in dataclasses.asdict(cls()).items() if k != "backbone"})
@@ -136,8 +142,7 @@ class EmbeddingSpec:
         write_json(os.path.join(folder, SPEC_FILE), self.to_dict())
 
     @classmethod
-    def load(cls, folder):
-        """The spec stored in folder (SPEC_FILE), or None where there is none (a release)."""
+    def load(cls, folder):  # the spec stored in folder (SPEC_FILE), or None where there is none (a release)
         path = os.path.join(folder, SPEC_FILE)
         try:
             with open(path) as f:
@@ -214,8 +219,7 @@ class Preprocessor:
         budget = self.max_length - len(self.prefix_ids) - len(self.suffix_ids) - visual_tokens
         return before_ids[:budget], after_ids[:max(0, budget - len(before_ids))]
 
-    def visual(self, image=None, video=None):
-        """An item's image or video -> (its kind, the frames it keeps: paths or PIL images), or (None, [])."""
+    def visual(self, image=None, video=None):  # -> (its kind, the frames it keeps: paths or PIL images) or (None, [])
         if image is not None and video is not None:
             raise UserError("an item holds an image or a video, not both")
         if video is None:
@@ -223,8 +227,7 @@ class Preprocessor:
         frames = users(video_frames, video)
         return "video", [frames[k] for k in frame_choice(len(frames), self.spec.video_frames)]
 
-    def overhead(self, kind, num_frames):
-        """Tokens a visual takes besides its pads: vision start and end, a video's timestamps, a temporal patch each."""
+    def overhead(self, kind, num_frames):  # tokens besides the pads: vision start and end, a video's timestamps
         stamps = self.vision[kind].timestamps(num_frames, self.spec.video_fps) or [""]
         return sum(len(self.ids(stamp)) + 2 for stamp in stamps)
 
@@ -342,27 +345,29 @@ class Embedder(nn.Module):
 
     def __init__(self, model, preprocessor):
         super().__init__()
-        self.model, self.preprocessor = model, preprocessor
-        self.model.config.use_cache = False
+        self.model, self.preprocessor, self.model.config.use_cache = model, preprocessor, False
         self.model.visual.requires_grad_(False)  # frozen in both stages (paper, Appendix A.1)
         # (3, 256) float32 on the model's device: each byte's pixel value, exactly as the processor computes it
         self.register_buffer("pixel_table", preprocessor.vision["image"].pixel_table(), persistent=False)
         self.register_buffer("video_pixel_table", preprocessor.vision["video"].pixel_table(), persistent=False)
+        hidden, spec = model.config.text_config.hidden_size, preprocessor.spec
+        if max((spec.dim, *spec.matryoshka_dims)) > hidden:
+            raise UserError(f"dim={spec.dim} and matryoshka_dims={list(spec.matryoshka_dims)}: the backbone's vectors "
+                            f"have {hidden} dimensions")
 
     @classmethod
     def from_pretrained(cls, path, dtype=torch.float32, spec=None, **changes):
         """A local Hugging Face folder of a family in FAMILIES: a release (EmbeddingSpec(), itself the backbone) or an
         export (the spec beside its weights). spec replaces that spec; changes (similarity=...) single fields."""
         import transformers
-        path = os.fspath(path)
-        model_class = getattr(transformers, family_of(path).model_class)
+        path, model_class = os.fspath(path), getattr(transformers, family_of(path).model_class)
         spec = spec or EmbeddingSpec.load(path) or EmbeddingSpec(backbone=os.path.abspath(path))
         model = model_class.from_pretrained(path, dtype=dtype, local_files_only=True, attn_implementation="sdpa")
         return cls(model, Preprocessor.from_pretrained(path, spec, **changes))
 
     spec = property(lambda self: self.preprocessor.spec)  # what the vectors mean: the prompt is built from it
     family = property(lambda self: FAMILIES[self.model.config.model_type])
-    dim = property(lambda self: self.model.config.text_config.hidden_size)
+    dim = property(lambda self: self.spec.dim or self.model.config.text_config.hidden_size)  # of the vectors
 
     def pixel_values(self, patches, video=False):
         """(P, 3 * patch * patch) uint8 patches -> (P, 3 * temporal * patch * patch) float32 pixel values, bit for bit
@@ -386,7 +391,7 @@ class Embedder(nn.Module):
                             image_grid_thw=move(image_grid_thw), video_grid_thw=move(video_grid_thw),
                             pixel_values_videos=pixels(move(pixel_values_videos), True),
                             use_cache=False).last_hidden_state  # (B, L, D)
-        return POOLINGS[self.spec.pooling].pool(hidden, attention_mask).float()
+        return POOLINGS[self.spec.pooling].pool(hidden, attention_mask).float()[:, :self.dim]  # (B, dim)
 
     @torch.no_grad()
     def encode(self, items, batch_size=16, num_workers=0, progress=""):
@@ -403,14 +408,10 @@ class Embedder(nn.Module):
         self.train(was_training)
         return out
 
-    def enable_activation_checkpointing(self):
-        """Recompute each decoder layer in backward (non-reentrant): less memory, a third more compute. transformers
-        5.23 renamed gradient_checkpointing_enable."""
-        language_model = self.model.language_model
-        if hasattr(language_model, "activation_checkpointing_enable"):
-            language_model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            language_model.gradient_checkpointing_enable({"use_reentrant": False})
+    def enable_activation_checkpointing(self):  # each decoder layer recomputed in backward: less memory, 1/3 more compute
+        language_model = self.model.language_model  # transformers 5.23 renamed gradient_checkpointing_enable
+        (getattr(language_model, "activation_checkpointing_enable", None)
+         or language_model.gradient_checkpointing_enable)({"use_reentrant": False})
 
 
 def item_inputs(index, item, function):

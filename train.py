@@ -17,7 +17,6 @@ step and config; --resume=True continues the newest intact one exactly. out_dir/
 """
 import atexit
 import functools
-import json
 import math
 import os
 import sys
@@ -25,8 +24,7 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import common
 import configurator
@@ -61,6 +59,7 @@ check_data = False  # read every source and row as the run would, report them an
 instructions = "paper"  # MMEB queries: 'paper' = Table 5's instruction per task format (readers/mmeb.py), 'dataset' = their own
 max_iters = 7847  # optimizer steps: one epoch of ~2.0M rows at batch 256 (docs/experiments.md, "Batch size")
 batch_size = 256  # global queries per step, split evenly over the ranks
+homogeneous_batch = 0  # > 0: each group of this many queries on a rank from one train_data entry (VLM2Vec-V2's homogeneous batches)
 num_hard_negatives = 5  # per query; candidates = all positives + all hard negatives of the global batch
 # the embedding spec: every field of model.EmbeddingSpec but the backbone is a key, with the spec's default and comment
 globals().update(EmbeddingSpec.defaults())
@@ -123,9 +122,11 @@ if check_data:  # the table's name covers its row files, not their images: each 
 problems = readers.problems(table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, soft_labels == "judge")
 if len(table) < batch_size:
     problems.append(f"{len(table):,} usable rows cannot fill one batch of {batch_size}")
+sources = readers.mixture(train_data, image_dir, table.subsets, homogeneous_batch)  # None: rows drawn uniformly
 if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
     configurator.print_config(config)
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)))
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)
+                    + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
     bad, usable = (sum(sum(s[key].values()) for s in table.subsets) for key in ("bad", "files"))
     print(f"check_data: {len(table.subsets)} subsets, {usable:,} usable rows, {bad:,} bad; " + (
         "the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
@@ -210,8 +211,8 @@ print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
 if embedder.family.linear_attention:
     print(cost.kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
-loss_args = dict(similarity=config["similarity"], temperature=temperature, focal_gamma=focal_gamma,
-                 focal_temperature=focal_temperature, weighting=weighting)  # loss.pace_loss, eqs. (3)-(7)
+loss_args = dict(similarity=config["similarity"], temperature=temperature, focal_gamma=focal_gamma,  # eqs. (3)-(7)
+                 focal_temperature=focal_temperature, weighting=weighting, matryoshka_dims=config["matryoshka_dims"])
 judged = soft_labels == "judge"
 if judged:
     loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight,
@@ -237,7 +238,12 @@ if allow_eval_datasets and any(s["leak"] for s in table.subsets):
     print("allow_eval_datasets=True: training on " + ", ".join(sorted({s["dataset"] for s in table.subsets if s["leak"]}))
           + ", MMEB out-of-distribution evaluation datasets: their MMEB scores are no longer out of distribution")
 dataset = data.TrainDataset(table, preprocessor, num_hard_negatives, seed, skip_bad_rows)
-sampler = data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
+sampler = data.MixtureSampler(sources, batch_size, rank, world_size, seed, homogeneous_batch) if sources else \
+    data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
+for source in sources or []:  # a source shorter than a group repeats within it, as VLM2Vec-V2 restarts a read-through one
+    if source["rows"] < homogeneous_batch * world_size:
+        print(f"note: {source['path']} has {source['rows']} rows, fewer than a group of {homogeneous_batch} queries on "
+              f"each of {world_size} ranks: its rows repeat within a group")
 # Each side's items are sorted by length and cut into chunks, one forward call each: short items do not pad to
 # the longest of the batch. The number of chunks depends on the item count alone, never on tokens: every rank
 # makes the same number of forward calls, each FSDP2 forward being a collective.
@@ -256,46 +262,14 @@ print(f"{len(dataset):,} training rows ({table.path}), {sampler.batches_per_epoc
 step, bad_steps_total, skipped_rows_total = 0, 0, 0  # the run's counters, saved with every checkpoint
 
 def save_checkpoint(step):
-    """Each rank writes its shards and RNG state into step_NNNNNN.tmp; rank 0 the embedding spec, and every file's
-    size and checksum in pace.json, and renames the folder, so a complete-looking checkpoint is a complete one."""
-    path = checkpoint.step_path(out_dir, step)
-    tmp = path + ".tmp"
-    print(f"saving {path} ...", flush=True)  # minutes for a full model and its optimizer: not silence
+    """out_dir/step_NNNNNN, written by every rank (runs/checkpoint.save_step); then the old ones are pruned."""
+    checkpoint.save_step(checkpoint.step_path(out_dir, step), embedder, optimizer, rank, world_size, {
+        "step": step, "lora_rank": lora_rank, "lora_alpha": lora_alpha, "sampler": sampler.state_dict(),
+        "world_size": world_size, "table": table.path, "bad_steps": bad_steps_total,
+        "skipped_rows": skipped_rows_total, "config": config})
     if master:
-        checkpoint.remove(tmp)
-        os.makedirs(tmp)
-        embedder.spec.save(tmp)
-    barrier()
-    model_state, optim_state = get_state_dict(embedder, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
-    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if run_device.type == "cuda" else None}
-    torch.save(rng, os.path.join(tmp, f"rng_rank{rank}.pt"))
-    barrier()
-    files = checkpoint.record_files(tmp, rank, world_size)
-    if master:
-        checkpoint.finish(tmp, path, {"step": step, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
-                                      "sampler": sampler.state_dict(), "world_size": world_size, "table": table.path,
-                                      "bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total, "config": config,
-                                      "files": files})
         outdir.prune(out_dir, keep_last, keep_checkpoints)
     barrier()
-    print(f"saved {path}")
-
-
-def load_checkpoint(path):
-    """Restore model, optimizer and this rank's RNG from a verified step folder; -> its pace.json."""
-    info = checkpoint.read_info(path)
-    model_state, optim_state = get_state_dict(embedder, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    checkpoint.load_state(state, path)
-    set_state_dict(embedder, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    rng_path = os.path.join(path, f"rng_rank{rank}.pt")
-    if os.path.isfile(rng_path) and info.get("world_size") == world_size:
-        rng = checkpoint.load_rng(rng_path)
-        torch.set_rng_state(rng["cpu"])
-        if rng["cuda"] is not None and run_device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"])
-    return info
 
 
 def export(step):
@@ -313,53 +287,17 @@ def export(step):
 # the loop
 
 if resume_from:
-    info = load_checkpoint(resume_from)
+    info = checkpoint.load_step(resume_from, embedder, optimizer, rank, world_size)  # model, optimizer, RNG
     step, bad_steps_total, skipped_rows_total = info["step"], info.get("bad_steps", 0), info.get("skipped_rows", 0)
     sampler.load_state_dict(info["sampler"])
     print(f"resumed from {resume_from} at step {step}")
 if export_only:
     export(step)
     sys.exit(0)
-if master:  # log.jsonl holds this run's steps: a resumed run drops what came after its checkpoint
-    records = outdir.read_log(log_path) if resume_from and os.path.exists(log_path) else []  # its steps so far
-    with open(log_path, "w") as f:
-        f.writelines(json.dumps(record) + "\n" for record in records if record["step"] <= step)
-if wandb_log and master:
-    wandb = outdir.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config)
-
+wandb = outdir.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config) \
+    if wandb_log and master else None
 gpu_peak = cost.peak_flops(run_device)
-window = dict(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=time.time(), step=step)  # since the last line
-start = time.time()
-
-
-def log_step(step, stats, lr, grad_norm):
-    """One log line and one log.jsonl record: this step's loss and statistics, the throughput since the last."""
-    now, skipped = time.time(), window["skipped_count"]
-    interval, steps_done = now - window["start"], step - window["step"]
-    record = {"step": step, "time": now, "elapsed": now - start, "loss": stats["loss"], "lr": lr,
-              "grad_norm": grad_norm, "tokens_per_s": window["tokens"] * world_size / interval,  # padding included
-              "padding": 1 - window["real"] / max(window["tokens"], 1), "bad_steps": bad_steps_total,
-              "skipped_rows": skipped_rows_total, **{k: v for k, v in stats.items() if k != "loss"}}
-    if run_device.type == "cuda":
-        record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    if gpu_peak:
-        record["mfu"] = window["flops"] / interval / gpu_peak  # this rank's useful FLOP/s against its GPU's peak
-    left = (max_iters - step) * interval / max(steps_done, 1)
-    if master:
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if wandb_log:
-            wandb.log(record, step=step)
-    print(f"step {step}/{max_iters} | loss {stats['loss']:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
-          f"pos_prob {stats['pos_prob']:.3f} | q_norm {stats['query_norm']:.2f} | {record['tokens_per_s']:,.0f} tok/s"
-          + (f" | mfu {record['mfu']:.1%}" if gpu_peak else "")
-          + f" | {common.duration(now - start)} elapsed, ~{common.duration(left)} left", flush=True)
-    if skipped:  # every rank's count; rank 0's own rows for the example
-        example = f", e.g. {window['skipped'][0]}" if window["skipped"] else ""
-        print(f"  skipped {skipped} rows that do not decode ({skipped_rows_total} in all){example}")
-    window.update(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=now, step=step)
-
-
+log = outdir.StepLog(log_path, step, max_iters, world_size, gpu_peak, master, wandb)  # log.jsonl: this run's steps
 bad_in_row, first_bad, stopping, last_save = 0, 0, False, time.time()
 stop = outdir.StopSignals(stop_signals)  # a signal only sets stop.received: the step in progress finishes
 embedder.train()
@@ -380,7 +318,7 @@ while step < max_iters:
     # has been 30 s since the last line, whether a stop signal came and whether checkpoint_minutes have passed since
     # the last save: every rank then skips, logs, saves and stops at the same steps (each a collective)
     step_totals = torch.cat([torch.stack([terms.loss.detach().float() / world_size, loss.collapse_flag(terms)]),
-                        torch.tensor([len(batch["skipped"]), float(time.time() - window["start"] > 30),
+                        torch.tensor([len(batch["skipped"]), float(time.time() - log.window["start"] > 30),
                                       float(bool(stop.received)), float(0 < checkpoint_minutes * 60 < time.time() - last_save)],
                                      device=run_device)])
     if distributed:
@@ -397,15 +335,12 @@ while step < max_iters:
               f"({bad_in_row} in a row, {bad_steps_total} in all)")
     optimizer.zero_grad(set_to_none=True)
     chunks = batch["query"] + batch["candidate"]
-    window["real"] += sum(int(chunk["attention_mask"].sum()) for chunk in chunks)
-    window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)
-    window["flops"] += cost.step_flops(embedder, chunks, full_finetune=lora_rank == 0) if gpu_peak else 0.0
-    window["skipped"] += batch["skipped"]
-    window["skipped_count"] += int(skipped_now)
+    log.add(chunks, batch["skipped"], int(skipped_now), cost.step_flops(embedder, chunks, lora_rank == 0) if gpu_peak else 0)
     skipped_rows_total += int(skipped_now)  # every step, so a checkpoint at any step saves it
     stopping = signalled > 0
-    if step % log_interval == 0 or step in (1, max_iters) or slow > 0 or stopping:
-        log_step(step, loss.statistics(terms), lr, grad_norm)  # the statistics' one all-reduce, on log steps only
+    if step % log_interval == 0 or step in (1, max_iters) or slow > 0 or stopping:  # statistics: one all-reduce more
+        log.line(step, loss.statistics(terms), lr, grad_norm,
+                 {"bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total})
     if bad_in_row >= max_bad_steps:
         break
     if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints or stopping or save_due > 0:

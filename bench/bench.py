@@ -12,11 +12,10 @@ bench/bench.py: PACE's speed against the floor. One script, one table (in the sp
 The step timed is train.py's own: the functions of train_step.py that train.py's loop calls. Each timing is a
 ratio taken side by side: round-robin, the median over `iters` rounds (after `warmup`) of the ratio within a
 round, so the machine's speed and its drift cancel out.
-1. step: the whole PACE step (embed, loss eqs. (3)-(7), backward, clipping, AdamW) over its floor, the
-   embedder's forward + backward of the same chunks with the sum of the embeddings as the loss (one graph, as
-   the plain step's loss couples them; per chunk under GradCache), same trainable set. Stage I (LoRA, cos) and
-   Stage II (full, dot), with and without GradCache. Goal <= 1.10; GradCache re-runs every forward by design,
-   so its own floor adds one no-grad forward of all chunks, and the goal is on that ratio.
+1. step: the whole PACE step (embed, loss eqs. (3)-(7), backward, clipping, AdamW) over its floor, the embedder's
+   forward + backward of the same chunks, the sum of the embeddings as the loss (one graph; per chunk under
+   GradCache), same trainable set: Stage I (LoRA, cos) and Stage II (full, dot), with and without GradCache (its own
+   floor adds one no-grad forward of all chunks). Goal <= 1.10. Then Stage II with Matryoshka's prefixes over it.
 2. padding: the share of computed positions that are padding, and the forward calls a batch, under three cuts
    of each side: ceil(n / max_items) near-equal chunks in the batch's order or length-sorted (the simple rule),
    and data.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
@@ -30,14 +29,12 @@ round, so the machine's speed and its drift cancel out.
 7. startup (not in the default sections): 200,000 synthetic rows in the real mmE5 layout (Parquet, negatives as
    list-literal strings with '' entries, images/<Subset>/Train/ paths, 20 subsets) converted into the prepared
    table (readers/training.py, once: rows per second, memory at the peak), then two training starts at once on it,
-   as two ranks: seconds and the private memory each grows by before its first step, and the file pages it maps
-   (shared); then --check_data=True on the cached table (every image it names looked up, each folder listed once):
-   seconds and rows per second, which grow with the image files (--startup_images a subset, 1,000 by default);
-   extrapolated to the paper's 2.03M rows.
-On a GPU the step rows add tokens/s, MFU (runs/cost.py's step_flops over peak_flops) and peak memory; the
-header says which Gated DeltaNet kernels run (runs/cost.py's kernel_report). --fsdp=True joins a one-rank process group (gloo on
-CPU, NCCL on CUDA), shards both stages' models with train_step.fully_shard_embedder and runs forward_backward's
-distributed path, as on 8 GPUs; it measures step and cut.
+   as two ranks (plain, then a weighted mixture of its subsets in same-source groups): seconds and the private
+   memory each grows by before its first step, the file pages it maps (shared); then --check_data=True on the cached
+   table: seconds, which grow with the image files (--startup_images a subset); extrapolated to 2.03M rows.
+On a GPU the step rows add tokens/s, MFU (runs/cost.py) and peak memory; the header says which Gated DeltaNet kernels
+run. --fsdp=True shards both stages' models in a one-rank process group (gloo on CPU, NCCL on CUDA) with
+train_step.fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs (step and cut).
 """
 import functools
 import math
@@ -185,6 +182,23 @@ def measure_steps(results, stages, batches):
             attempt(results, "step", label, measure_step, label, steps[grad_cache], optimizer, batches[grad_cache],
                     grad_cache, stage == 1)  # Stage II fine-tunes the whole language model
             optimizer.zero_grad(set_to_none=True)  # what a row that ran out of memory left
+    name, optimizer, steps = stages[1]
+    attempt(results, "step", "Stage II + MRL", measure_matryoshka, steps[False], optimizer, batches[False])
+    optimizer.zero_grad(set_to_none=True)
+
+
+def measure_matryoshka(results, step, optimizer, batch):
+    """Section 1's last row: Stage II's plain step with Matryoshka's prefixes D/2 and D/4 (loss.pace_loss's
+    matryoshka_dims) over the same step without them: what the extra loss terms cost (goal <= 1.02)."""
+    dim = step["embedder"].dim
+    matryoshka = dict(step, loss_args=dict(step["loss_args"], matryoshka_dims=(dim // 4, dim // 2)))
+    times, seconds = side_by_side({"mrl": lambda: train_step_once(matryoshka, optimizer, batch),
+                                   "plain": lambda: train_step_once(step, optimizer, batch)}, step["device"], iters, warmup)
+    row = {"name": "Stage II + MRL", "dims": [dim // 4, dim // 2], "step_s": seconds["mrl"],
+           "ratio": paired_ratio(times["mrl"], times["plain"])}
+    results.add("step", row, f"  {'Stage II + MRL (D/4, D/2)':<32} step {seconds['mrl'] * 1e3:8.1f} ms | "
+                             f"over the step without them {row['ratio']:.3f}" + (" (over goal)" if row["ratio"] > 1.02 else ""),
+                "ratio")
 
 
 def measure_step(results, name, step, optimizer, batch, grad_cache, full_finetune):
@@ -331,12 +345,15 @@ def measure_startup(results, num_rows, images_per_subset):
     results.add("startup", row, f"  conversion {row['conversion_rows_per_s']:,.0f} rows/s (peak growth "
                 f"{row['conversion_peak_growth_bytes_per_row']:,.0f} bytes a row, table {row['table_bytes_per_row']:,.0f} "
                 f"bytes a row) | a start {row['start_s']:.2f} s, {row['start_private_bytes'] / 2**20:.1f} MB private, "
-                f"{row['start_file_resident_bytes'] / 2**20:.1f} MB of mapped pages (shared) | --check_data=True on "
+                f"{row['start_file_resident_bytes'] / 2**20:.1f} MB of mapped pages (shared) | a weighted mixture of its "
+                f"20 subsets in same-source groups, resumed half way: {row['mixture_start_s']:.2f} s, "
+                f"{row['mixture_start_private_bytes'] / 2**20:.1f} MB private | --check_data=True on "
                 f"the cached table {row['check_data_s']:.2f} s ({row['check_data_rows_per_s']:,.0f} rows/s, each of "
                 f"{row['image_files']:,} image files looked up) | the paper's {row['paper_rows']:,} rows: conversion about "
                 f"{row['paper_conversion_s']:,.0f} s once, --check_data about {row['paper_check_data_s']:.1f} s, a "
                 f"start at most {row['paper_start_s_at_most']:.1f} s and {row['paper_start_private_mb_at_most']:.0f} MB private per "
-                f"rank, a table of {row['paper_table_gb']:.2f} GB")
+                f"rank (a mixture's {row['paper_mixture_start_s_at_most']:.1f} s and "
+                f"{row['paper_mixture_start_private_mb_at_most']:.0f} MB), a table of {row['paper_table_gb']:.2f} GB")
 
 
 # -----------------------------------------------------------------------------

@@ -348,19 +348,26 @@ def measure_conversion(root, image_dir, table_dir):
                       "table_bytes": os.path.getsize(path)}))
 
 
-def measure_start(root, image_dir, table_dir, num_negatives, batch_size, seed):
+def measure_start(root, image_dir, table_dir, num_negatives, batch_size, seed, mixture=0):
     """In a process of its own (python -m bench.synthetic start ...), one of several started at once, as the ranks
     of a run: what train.py does with the data before its first step, on a table already converted: find and open
     the table, check the reports, print them, build the sampler and read its first batch's rows (the fill
-    included; images are decoded by the workers, not here). One JSON line: seconds, the private (anonymous)
-    memory it grew by, and the file pages it holds (shared with every other rank)."""
+    included; images are decoded by the workers, not here). mixture: its 20 subsets as the sources of a weighted
+    mixture (weights 1, 2, 3 in turn) in same-source groups of 16 queries on rank 3 of 8, resumed half way through
+    its first epoch (the draws before it replayed). One JSON line: seconds, the private (anonymous) memory it grew
+    by, and the file pages it holds (shared with every other rank)."""
     private, shared = memory()
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         table = data.TrainTable(readers.prepared_table([root], image_dir, table_dir))
         problems = readers.problems(table.subsets, num_negatives, False)
         print("\n".join(readers.report_lines(table.subsets, num_negatives)))
-    sampler = data.ShardedBatchSampler(len(table), batch_size, seed=seed)
+    if mixture:
+        sources = [{"ranges": [(s["start"], s["stop"])], "weight": 1 + k % 3} for k, s in enumerate(table.subsets)]
+        sampler = data.MixtureSampler(sources, batch_size, 3, 8, seed, 16)
+        sampler.position = sampler.batches_per_epoch // 2
+    else:
+        sampler = data.ShardedBatchSampler(len(table), batch_size, seed=seed)
     rows = [data.row_with_negatives(table, i, num_negatives, seed) for i in next(iter(sampler))]
     seconds = time.perf_counter() - start
     after_private, after_shared = memory()
@@ -406,16 +413,23 @@ def startup_figures(num_rows, num_negatives, seed, images_per_subset=1000, ranks
         images = min(images_per_subset, max(10, num_rows // len(SUBSETS)))  # a subset's: at most one a row
         root, tables = mmE5_download(folder, num_rows, num_negatives, seed, images), os.path.join(folder, "tables")
         conversion = last_json_line(start_process("convert", root, folder, tables))
-        processes = [start_process("start", root, folder, tables, num_negatives, batch_size, seed) for _ in range(ranks)]
-        starts = [last_json_line(process) for process in processes]  # all at once, as the ranks of a run
+        starts = {}
+        for mixture in (0, 1):  # all at once, as the ranks of a run: plain, then a weighted homogeneous mixture
+            processes = [start_process("start", root, folder, tables, num_negatives, batch_size, seed, mixture)
+                         for _ in range(ranks)]
+            starts[mixture] = [last_json_line(process) for process in processes]
         check = last_json_line(start_process("check", root, folder, tables, num_negatives))
     rows, scale = conversion["rows"], paper / conversion["rows"]
-    start_s, private = max(s["seconds"] for s in starts), max(s["private_growth"] for s in starts)
+    start_s, private = max(s["seconds"] for s in starts[0]), max(s["private_growth"] for s in starts[0])
+    mixture_s, mixture_private = max(s["seconds"] for s in starts[1]), max(s["private_growth"] for s in starts[1])
     return {"name": "startup", "rows": rows, "ranks": ranks, "image_files": images * len(SUBSETS),
             "conversion_rows_per_s": rows / conversion["seconds"],
             "conversion_peak_growth_bytes_per_row": conversion["peak_growth"] / rows,
             "table_bytes_per_row": conversion["table_bytes"] / rows, "start_s": start_s,
-            "start_private_bytes": private, "start_file_resident_bytes": max(s["file_resident"] for s in starts),
+            "start_private_bytes": private, "start_file_resident_bytes": max(s["file_resident"] for s in starts[0]),
+            "mixture_start_s": mixture_s, "mixture_start_private_bytes": mixture_private,
+            "paper_mixture_start_s_at_most": mixture_s * scale,
+            "paper_mixture_start_private_mb_at_most": mixture_private * scale / 2**20,
             "check_data_s": check["seconds"], "check_data_rows_per_s": rows / check["seconds"],
             "check_data_bad": check["bad"], "paper_rows": paper,
             "paper_conversion_s": paper * conversion["seconds"] / rows, "paper_check_data_s": paper * check["seconds"] / rows,
@@ -429,4 +443,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "check":
         measure_check(*sys.argv[2:5], int(sys.argv[5]))
     else:
-        measure_start(*sys.argv[2:5], *map(int, sys.argv[5:8]))
+        measure_start(*sys.argv[2:5], *map(int, sys.argv[5:9]))

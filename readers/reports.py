@@ -23,12 +23,12 @@ class SourceReport:
     lines() says it; problems() says why a run would not start. to_dict() / from_dict(): kept beside the table."""
 
     FIELDS = ("subset", "dataset", "split", "layout", "files", "bad", "examples", "negatives", "missing_negatives",
-              "judged", "distinct", "instructions", "leak", "failure", "start", "stop")
+              "judged", "distinct", "instructions", "leak", "failure", "start", "stop", "entry")
 
     def __init__(self, subset, dataset, split, layout=""):
         self.subset, self.dataset, self.split, self.layout = subset, dataset, split, layout
         self.files, self.bad, self.examples, self.negatives = {}, collections.Counter(), {}, collections.Counter()
-        self.missing_negatives = self.judged = self.distinct = self.start = self.stop = 0
+        self.missing_negatives = self.judged = self.distinct = self.start = self.stop = self.entry = 0
         self.instructions, self.leak, self.failure = {}, False, None
 
     @property

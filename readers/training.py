@@ -53,7 +53,7 @@ from readers.records import (DATA_SUFFIXES, MMEB_NAMES, PLAIN_NAMES, TRAIN_COLUM
 from readers.reports import SourceReport
 from runs.lock import alive_here, lock_record, read_lock
 
-FORMAT = 2  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
+FORMAT = 3  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)
 BATCH_ROWS = 65536  # rows a record batch of the table holds
 
@@ -62,17 +62,22 @@ BATCH_ROWS = 65536  # rows a record batch of the table holds
 # which files train_data names
 
 def train_entries(train_data, image_dir):
-    """train_data -> [{"path", "image_dir", "max_rows"}]: a path, a dict, or a list of them."""
+    """train_data -> [{"path", "image_dir", "max_rows", "weight"}]: a path, a dict, or a list of them. A weight is the
+    entry's share of the draws in a mixture (data.MixtureSampler), a positive number."""
     entries = [train_data] if isinstance(train_data, (str, os.PathLike, dict)) else list(train_data)
     out = []
     for entry in entries:
         if isinstance(entry, (str, os.PathLike)):
             entry = {"path": entry}
-        if not isinstance(entry, dict) or "path" not in entry or set(entry) - {"path", "image_dir", "max_rows"}:
+        if not isinstance(entry, dict) or "path" not in entry or set(entry) - {"path", "image_dir", "max_rows", "weight"}:
             raise UserError(f"train_data entry {entry!r}: expected a path, or a dict with 'path' and optionally "
-                            "'image_dir' and 'max_rows', e.g. {'path': 'data/MMEB-train/VisDial', 'max_rows': 50000}")
+                            "'image_dir', 'max_rows' and 'weight', e.g. {'path': 'data/MMEB-train/VisDial', "
+                            "'max_rows': 50000, 'weight': 0.5}")
+        weight = entry.get("weight")
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0):
+            raise UserError(f"train_data entry {entry['path']!r}: weight must be a positive number, got {weight!r}")
         out.append({"path": os.fspath(entry["path"]), "image_dir": entry.get("image_dir") or image_dir,
-                    "max_rows": entry.get("max_rows")})
+                    "max_rows": entry.get("max_rows"), "weight": weight})
     if not out:
         raise UserError("train_data is empty: name a file, a subset folder or a download's root")
     return out
@@ -184,11 +189,11 @@ def convert(entries, sources, path, instructions, allow_any_image_path):
     print(f"data: converting train_data into {path} (once; later runs read it in seconds)", flush=True)
     with replaced_atomically(path) as tmp:
         with pa.ipc.new_file(tmp, data.SCHEMA) as writer:
-            for entry, subsets in zip(entries, sources):
+            for k, (entry, subsets) in enumerate(zip(entries, sources)):
                 images = ImagePaths(entry["image_dir"], allow_any_image_path)
                 for dataset, subset, subset_files, split in subsets:
                     report = SourceReport(subset, dataset, split)
-                    report.leak, report.start = dataset in mmeb.OOD_DATASETS, rows
+                    report.leak, report.start, report.entry = dataset in mmeb.OOD_DATASETS, rows, k
                     for batch in subset_batches(report, subset_files, entry["max_rows"], images, instructions,
                                                 len(reports), files):
                         writer.write_batch(batch)
@@ -324,6 +329,38 @@ def report_missing_image(table, i, report, gone):
     report.negatives[len(negatives)] -= 1
     report.negatives = +report.negatives  # a count at 0 is no count
     report.judged -= get("judge") is not None
+
+
+def mixture(train_data, image_dir, subsets, homogeneous_batch=0):
+    """The table's sources, train_data's entries: [{"path", "ranges": [(start, stop)] of its subsets' rows, "rows",
+    "weight"}]; with no weight anywhere and no homogeneous batches, None: rows are drawn uniformly
+    (data.ShardedBatchSampler). An entry without a weight weighs 1; with homogeneous batches alone, its rows."""
+    entries = train_entries(train_data, image_dir)
+    if all(entry["weight"] is None for entry in entries) and not homogeneous_batch:
+        return None
+    sources = []
+    for k, entry in enumerate(entries):
+        ranges = [(s["start"], s["stop"]) for s in subsets if s["entry"] == k and s["stop"] > s["start"]]
+        rows = sum(b - a for a, b in ranges)
+        if not rows:
+            raise UserError(f"train_data entry {entry['path']!r}: no usable rows, nothing for its weight to draw")
+        weighted = any(e["weight"] is not None for e in entries)
+        sources.append({"path": entry["path"], "ranges": ranges, "rows": rows,
+                        "weight": (entry["weight"] or 1.0) if weighted else float(rows)})
+    return sources
+
+
+def mixture_lines(sources, batch_size, homogeneous_batch):
+    """What --check_data and a start say of a mixture: each source's rows, weight and expected share of the draws,
+    and how many steps read it through once."""
+    total = sum(s["weight"] for s in sources)
+    lines = [f"mixture: {len(sources)} sources, " + (f"same-source groups of {homogeneous_batch} queries a rank"
+                                                     if homogeneous_batch else "a source drawn per query")]
+    for s in sources:
+        share = s["weight"] / total
+        lines.append(f"  {s['path']}: {s['rows']:,} rows, weight {s['weight']:g}, {share:.1%} of the draws: read "
+                     f"through once every {s['rows'] / (share * batch_size):,.0f} steps")
+    return lines
 
 
 def report_lines(subsets, num_hard_negatives):

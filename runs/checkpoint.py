@@ -7,6 +7,8 @@ runs/checkpoint.py: what train.py's folders hold on disk, and how they are check
                            and CRC-32), written last
     out_dir/export/        the merged model as a Hugging Face folder (runs/export.py)
 
+save_step and load_step write and read a step folder on every rank of a run (train.py); the rest checks one.
+
 A step folder is written under a .tmp name and renamed when complete, so a crash leaves no half-written one
 that looks finished. verify() reads back each file's size and checksum: a truncated, emptied or corrupted
 file names the folder and the file. Loading a step folder is safe: its .metadata pickle is read by an
@@ -217,3 +219,50 @@ def load_state(state, path):
         raise UserError(str(ours[0]) if ours else f"{path}: cannot load it: {causes[0] if causes else error}") from None
 
 
+# -----------------------------------------------------------------------------
+# a step folder written and read back by every rank of a run
+
+def save_step(path, model, optimizer, rank, world_size, info):
+    """Each rank writes its shards (torch.distributed.checkpoint) and RNG state into path.tmp; rank 0 the embedding
+    spec and pace.json (info, and every file's size and checksum), then renames the folder, so a complete-looking
+    checkpoint is a complete one."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    barrier = dist.barrier if world_size > 1 else (lambda: None)
+    tmp = path + ".tmp"
+    print(f"saving {path} ...", flush=True)  # minutes for a full model and its optimizer: not silence
+    if rank == 0:
+        remove(tmp)
+        os.makedirs(tmp)
+        model.spec.save(tmp)
+    barrier()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
+    cuda = model.pixel_table.device.type == "cuda"
+    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if cuda else None},
+               os.path.join(tmp, f"rng_rank{rank}.pt"))
+    barrier()
+    files = record_files(tmp, rank, world_size)
+    if rank == 0:
+        finish(tmp, path, dict(info, files=files))
+    barrier()
+    print(f"saved {path}")
+
+
+def load_step(path, model, optimizer, rank, world_size):
+    """Restore model, optimizer and this rank's RNG (when the folder was written by as many ranks) from a verified
+    step folder. -> its pace.json"""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    info = read_info(path)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    load_state(state, path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    rng_path = os.path.join(path, f"rng_rank{rank}.pt")
+    if os.path.isfile(rng_path) and info.get("world_size") == world_size:
+        rng = load_rng(rng_path)
+        torch.set_rng_state(rng["cpu"])
+        if rng["cuda"] is not None and model.pixel_table.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"])
+    return info

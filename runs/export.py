@@ -184,7 +184,7 @@ The folder's chat template renders a user message as this prompt (images first, 
 from PIL import Image
 from sentence_transformers import SentenceTransformer  # 6.0 or newer, with torchvision (Qwen's processor needs it)
 
-model = SentenceTransformer("{folder}")
+model = SentenceTransformer("{folder}"{truncate})
 vectors = model.encode(["Find the caption that best describes this picture: a red circle", "a red circle",
                         Image.open("photo.jpg"), {{"text": "What is in the picture?", "image": Image.open("photo.jpg")}}])
 scores = model.similarity(vectors[:1], vectors[1:])  # {similarity}, as this folder's config says
@@ -271,9 +271,12 @@ def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
         name=os.path.basename(os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=backbone or family.name,
         what=trained, step=info.get("step", "?"), similarity="dot product" if dot else "cosine",
         similarity_why=("The norms carry meaning after Stage II: do not normalise the vectors." if dot else
-                        "It was trained with cosine logits: normalise the vectors (or use cosine similarity)."),
+                        "It was trained with cosine logits: normalise the vectors (or use cosine similarity).")
+        + (f" Its first {', '.join(map(str, spec.matryoshka_dims))} dimensions were trained as vectors too (Matryoshka):"
+           " truncate to one of them (`truncate_dim=`) and compare the same way." if spec.matryoshka_dims else ""),
         max_length=spec.max_length, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
-        pooling=spec.pooling.replace("_", "-"), pooling_code=POOLINGS[spec.pooling].code, folder=folder, system_prompt=spec.system_prompt,
+        pooling=spec.pooling.replace("_", "-"), pooling_code=POOLINGS[spec.pooling].code + (f"[:{spec.dim}]" if spec.dim else ""),
+        truncate=f", truncate_dim={spec.dim}" if spec.dim else "", folder=folder, system_prompt=spec.system_prompt,
         score_expression="query @ candidate" if dot else "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
         encode_score_expression="vectors[0] @ vectors[1]" if dot else
         "torch.nn.functional.cosine_similarity(vectors[0], vectors[1], dim=0)",

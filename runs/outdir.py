@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 
-from common import UserError, write_json, write_text
+from common import UserError, duration, write_json, write_text
 from model import EmbeddingSpec
 from runs.checkpoint import complete, read_info, remove, verify
 from runs.lock import alive_here, lock_record, read_lock
@@ -38,7 +38,8 @@ DEFINING = tuple(field for field in EmbeddingSpec.fields() if field != "backbone
     "init_from", "train_data", "image_dir", "train_split", "allow_eval_datasets", "skip_bad_rows", "temperature",
     "focal_gamma", "focal_temperature", "weighting", "soft_labels", "judge_temperature", "alignment_weight",
     "infonce_weight", "alignment_floor",
-    "lora_rank", "lora_alpha", "lora_dropout", "seed", "batch_size", "num_hard_negatives", "instructions")
+    "lora_rank", "lora_alpha", "lora_dropout", "seed", "batch_size", "homogeneous_batch", "num_hard_negatives",
+    "instructions")
 NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "allow_config_change")  # where and how, not what
 
 
@@ -249,6 +250,58 @@ def read_log(path):
     """A log.jsonl's records; a line cut short (a run still writing, or killed mid-line) is dropped."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip().endswith("}")]
+
+
+class StepLog:
+    """train.py's log: on log steps a line and, from rank 0, a record of out_dir/log.jsonl (and W&B) with the step's
+    statistics and the throughput since the last line. A resumed run's log keeps its steps up to its checkpoint."""
+
+    def __init__(self, path, step, max_iters, world_size, gpu_peak, write, wandb=None):
+        self.path, self.max_iters, self.world_size, self.gpu_peak, self.write = path, max_iters, world_size, gpu_peak, write
+        self.wandb, self.start = wandb, time.time()
+        if write:
+            records = read_log(path) if step and os.path.exists(path) else []
+            write_text(path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        self.restart(step, self.start)
+
+    def restart(self, step, now):  # what a line counts: the steps since the last
+        self.window = dict(tokens=0, real=0, flops=0.0, skipped=[], skipped_count=0, start=now, step=step)
+
+    def add(self, chunks, skipped, skipped_count, flops):
+        """One step's collated chunks, the rows it passed over (this rank's messages, every rank's count), its FLOPs."""
+        self.window["real"] += sum(int(chunk["attention_mask"].sum()) for chunk in chunks)
+        self.window["tokens"] += sum(chunk["attention_mask"].numel() for chunk in chunks)  # padding included
+        self.window["flops"] += flops
+        self.window["skipped"] += skipped
+        self.window["skipped_count"] += skipped_count
+
+    def line(self, step, stats, lr, grad_norm, totals):
+        """The log line and record of a step: stats (loss.statistics), the run's totals {"bad_steps", "skipped_rows"}."""
+        import torch
+        now, window = time.time(), self.window
+        interval = now - window["start"]
+        record = {"step": step, "time": now, "elapsed": now - self.start, "loss": stats["loss"], "lr": lr,
+                  "grad_norm": grad_norm, "tokens_per_s": window["tokens"] * self.world_size / interval,
+                  "padding": 1 - window["real"] / max(window["tokens"], 1), **totals,
+                  **{k: v for k, v in stats.items() if k != "loss"}}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            record["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        if self.gpu_peak:
+            record["mfu"] = window["flops"] / interval / self.gpu_peak  # this rank's useful FLOP/s against its peak
+        left = (self.max_iters - step) * interval / max(step - window["step"], 1)
+        if self.write:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if self.wandb:
+                self.wandb.log(record, step=step)
+        print(f"step {step}/{self.max_iters} | loss {stats['loss']:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | pos_prob "
+              f"{stats['pos_prob']:.3f} | q_norm {stats['query_norm']:.2f} | {record['tokens_per_s']:,.0f} tok/s"
+              + (f" | mfu {record['mfu']:.1%}" if self.gpu_peak else "")
+              + f" | {duration(now - self.start)} elapsed, ~{duration(left)} left", flush=True)
+        if window["skipped_count"]:  # every rank's count; rank 0's own rows for the example
+            example = f", e.g. {window['skipped'][0]}" if window["skipped"] else ""
+            print(f"  skipped {window['skipped_count']} rows that do not decode ({totals['skipped_rows']} in all){example}")
+        self.restart(step, now)
 
 
 # -----------------------------------------------------------------------------

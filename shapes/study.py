@@ -20,6 +20,10 @@ norms are 8, so dot / 6.4 matches cos / 0.1 in scale), LoRA at lr 3e-3, full fin
     PACE w/ Stage II LoRA       Stage II trains fresh LoRA on the merged model instead of the whole language model
     reversed dot -> cos         Stage I dot + LoRA, then Stage II cos + full
     reversed full -> LoRA       Stage I cos + full, then Stage II dot + LoRA
+    weighted, same-source       PACE's Stage I on the five training families as the sources of a mixture: weighed
+                                VQA, T2I, I2T 2 to CLS, GRD 1; or equal, in same-source groups of 8 queries
+    MRL                         PACE's Stage I, and PACE, with Matryoshka's prefixes 16 and 32 of the 64 dimensions
+                                (--dims=16,32 evaluates every method at those prefixes too)
 
 Every method trains --start_step + --stage2_steps steps at --batch_size (a Stage I run is that long too; PACE's
 Stage II starts from its checkpoint at --start_step, before Stage I ends, as the paper's does) and is evaluated by
@@ -67,6 +71,8 @@ DOT = {"similarity": "dot", "temperature": TOY_II["temperature"]}  # eq. (2) at 
 LORA = {"lora_rank": TOY_I["lora_rank"], "lora_alpha": TOY_I["lora_alpha"], "learning_rate": TOY_I["learning_rate"]}
 FULL = {"lora_rank": 0, "learning_rate": TOY_II["learning_rate"]}
 FOCAL, PLAIN = {"focal_gamma": 2.0}, {"focal_gamma": 0.0}
+MRL = {"matryoshka_dims": [16, 32]}  # the tiny model's D is 64
+FAMILY_WEIGHTS = {"CLS": 1, "VQA": 2, "T2I": 2, "I2T": 2, "GRD": 1}  # the toy's training families, 400 rows each
 
 STAGE_I = {  # Stage I runs, over config/shapes_stage1.py; PACE's and its variants' Stage II start from them
     "cos_lora_focal": {**COS, **LORA, **FOCAL},  # PACE's Stage I
@@ -74,6 +80,10 @@ STAGE_I = {  # Stage I runs, over config/shapes_stage1.py; PACE's and its varian
     "dot_full_plain": {**DOT, **FULL, **PLAIN},  # direct dot-product training
     "dot_lora_focal": {**DOT, **LORA, **FOCAL},  # the reversed similarity schedule's Stage I
     "cos_full_focal": {**COS, **FULL, **FOCAL},  # the reversed parameter schedule's Stage I
+    # the mixtures of the field (train_data: the toy's five training families as five sources, see family_sources)
+    "cos_lora_focal_weighted": {**COS, **LORA, **FOCAL, "sources": FAMILY_WEIGHTS},  # VQA and retrieval weighed 2
+    "cos_lora_focal_same": {**COS, **LORA, **FOCAL, "sources": {f: 1 for f in FAMILY_WEIGHTS}, "homogeneous_batch": 8},
+    "cos_lora_focal_mrl": {**COS, **LORA, **FOCAL, **MRL},  # Matryoshka's prefixes D/4 and D/2 beside the whole
 }
 METHODS = {  # name: (label, its Stage I run, its Stage II settings over config/shapes_stage2.py, None: one stage)
     "vlm2vec": ("VLM2Vec (cos, LoRA, InfoNCE)", "cos_lora_plain", None),
@@ -85,6 +95,10 @@ METHODS = {  # name: (label, its Stage I run, its Stage II settings over config/
     "stage2_lora": ("PACE w/ Stage II LoRA", "cos_lora_focal", {**DOT, **LORA, **FOCAL}),
     "dot_to_cos": ("reversed: dot + LoRA, then cos + full", "dot_lora_focal", {**COS, **FULL, **FOCAL}),
     "full_to_lora": ("reversed: cos + full, then dot + LoRA", "cos_full_focal", {**DOT, **LORA, **FOCAL}),
+    "weighted": ("Stage I, weighted mixture (VQA, T2I, I2T x2)", "cos_lora_focal_weighted", None),
+    "same_source": ("Stage I, same-source groups of 8", "cos_lora_focal_same", None),
+    "mrl_stage1": ("Stage I + MRL (16, 32 of 64)", "cos_lora_focal_mrl", None),
+    "pace_mrl": ("PACE + MRL, both stages", "cos_lora_focal_mrl", {**DOT, **FULL, **FOCAL, **MRL}),
 }
 FIGURE = ("vlm2vec", "direct_dot", "pace")  # cosine training, direct dot training, PACE
 METRICS = (("overall", "P@1 overall", 1), ("IND", "IND", 1), ("OOD", "OOD", 1),
@@ -102,6 +116,7 @@ data_dir = DATA_DIR  # the toy data and tiny model (shapes/prepare.py writes the
 batch_size = 32  # queries a step
 start_step = 100  # Stage II starts from this step of Stage I (the main job's: shapes_stage2.py's init_from)
 stage2_steps = 100  # Stage II's steps; every method trains start_step + stage2_steps in all
+dims = []  # also evaluate every method at these leading dimensions (eval.py --dim), e.g. [16, 32]: rows method@dim
 parallel = 2  # jobs at a time, one torch thread each
 
 
@@ -146,23 +161,41 @@ def seed_jobs(seed, args):
     stage1, stage2, evals = {}, {}, []
     for method in args.methods:
         _, recipe, second = METHODS[method]
-        final = os.path.join(folder, f"stage1_{recipe}")
+        final, settings = os.path.join(folder, f"stage1_{recipe}"), dict(STAGE_I[recipe])
+        if "sources" in settings:  # a mixture: the five families' files, each weighed
+            files = {family: os.path.join(args.out_dir, "sources", f"{family}.jsonl") for family in FAMILY_WEIGHTS}
+            settings["train_data"] = [{"path": files[f], "weight": w} for f, w in settings.pop("sources").items()]
         stage1[recipe] = train_job(f"seed {seed} Stage I {recipe}", "shapes_stage1.py", final,
-                                   args.start_step + args.stage2_steps, {**common, **STAGE_I[recipe],
+                                   args.start_step + args.stage2_steps, {**common, **settings,
                                    "init_from": data("tiny-qwen3.5"), "keep_checkpoints": [args.start_step]})
         if second is not None:
             start = os.path.join(final, f"step_{args.start_step:06d}")
             final = os.path.join(folder, f"stage2_{method}")
             stage2[method] = train_job(f"seed {seed} Stage II {method}", "shapes_stage2.py", final, args.stage2_steps,
                                        {**common, **second, "init_from": start, "keep_checkpoints": []}, needs=[start])
-        out = eval_path(args.out_dir, seed, method)
-        command = [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"),
-                   flag("init_from", os.path.join(final, "export")), flag("mmeb_dir", data("eval")),
-                   flag("image_dir", data("images")), flag("out", out)]
-        evals.append({"name": f"seed {seed} eval {method}", "command": command, "done": out,
-                      "needs": [os.path.join(final, "export", "pace.json")], "cost": EVAL_COST,
-                      "log": os.path.splitext(out)[0] + ".log"})
+        for dim in [0] + list(args.dims):  # the whole vector, and each leading dimension asked for
+            name = method + (f"@{dim}" if dim else "")
+            out = eval_path(args.out_dir, seed, name)
+            command = [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"),
+                       flag("init_from", os.path.join(final, "export")), flag("mmeb_dir", data("eval")),
+                       flag("image_dir", data("images")), flag("out", out), flag("dim", dim)]
+            evals.append({"name": f"seed {seed} eval {name}", "command": command, "done": out,
+                          "needs": [os.path.join(final, "export", "pace.json")], "cost": EVAL_COST,
+                          "log": os.path.splitext(out)[0] + ".log"})
     return list(stage1.values()) + list(stage2.values()) + evals
+
+
+def family_sources(train, folder):
+    """The toy's training rows (train.jsonl) in one file a family (CLS, VQA, T2I, I2T, GRD), for a mixture. -> {family:
+    its file}; written once."""
+    files = {family: os.path.join(folder, f"{family}.jsonl") for family in FAMILY_WEIGHTS}
+    if not all(map(os.path.isfile, files.values())):
+        with open(train) as f:
+            rows = [json.loads(line) for line in f]
+        for family, path in files.items():  # a T2I query has no image; the others' paths name their family
+            write_text(path, "".join(json.dumps(r) + "\n" for r in rows
+                                     if (r["qry_image_path"] or "train/T2I/").split("/")[1] == family))
+    return files
 
 
 def run_jobs(jobs, parallel):
@@ -231,14 +264,15 @@ def mean_std(values):
 def summarise(out_dir, seeds, methods):
     """-> {method: {"label", "seeds": those evaluated, metric: mean_std(...)}} from the eval JSONs in out_dir."""
     table = {}
-    for method in methods:
+    for method in methods:  # a method, or method@dim: its vectors' first dim dimensions
         found = {}
         for seed in seeds:
             path = eval_path(out_dir, seed, method)
             if os.path.isfile(path):
                 with open(path) as f:
                     found[seed] = metrics(json.load(f), geometry_of(path))
-        table[method] = {"label": METHODS[method][0], "seeds": list(found),
+        label = METHODS[method.split("@")[0]][0] + (f", first {method.split('@')[1]} dims" if "@" in method else "")
+        table[method] = {"label": label, "seeds": list(found),
                          **{key: mean_std([m[key] for m in found.values()]) for key, _, _ in METRICS}}
     return table
 
@@ -310,8 +344,9 @@ def main(argv=None):
     start = time.time()
     if not all(os.path.exists(os.path.join(args.data_dir, p)) for p in ("train.jsonl", "eval", "tiny-qwen3.5")):
         subprocess.run([sys.executable, "-m", "shapes.prepare", f"--out_dir={args.data_dir}"], cwd=ROOT, check=True)
+    family_sources(os.path.join(args.data_dir, "train.jsonl"), os.path.join(args.out_dir, "sources"))
     run_jobs([job for seed in args.seeds for job in seed_jobs(seed, args)], args.parallel)
-    table = summarise(args.out_dir, args.seeds, args.methods)
+    table = summarise(args.out_dir, args.seeds, [f"{m}@{d}" if d else m for m in args.methods for d in [0] + args.dims])
     text = markdown(table, scale)
     write_text(os.path.join(args.out_dir, "results.md"), text)
     write_json(os.path.join(args.out_dir, "results.json"), {"scale": scale, "seeds": args.seeds, "methods": table})

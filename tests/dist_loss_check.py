@@ -30,6 +30,8 @@ CASES = [("cos", 0.1, 0.0, "focal", "none"), ("cos", 0.1, 2.0, "focal", "none"),
          ("dot", 100.0, 2.0, "focal", "none"), ("cos", 0.1, 2.0, "query_positive", "none"),
          ("dot", 100.0, 2.0, "query_negative", "none"), ("cos", 0.1, 2.0, "focal", "judge"),
          ("dot", 100.0, 0.0, "focal", "judge"), ("cos", 0.02, 0.0, "focal", "unime_v2")]
+CASES = [case + ((),) for case in CASES] + [("cos", 0.1, 2.0, "focal", "none", (4, 8)),  # and Matryoshka's prefixes
+                                            ("dot", 100.0, 2.0, "focal", "none", (8,))]
 JUDGE_TEMPERATURE, ALIGNMENT_WEIGHT = 0.05, 0.7
 
 
@@ -82,7 +84,7 @@ def main(out_dir):
     scores = judge_scores(world)
     results = {"world": world, "encoder_state": encoder_state, "query_inputs": query_inputs,
                "candidate_inputs": candidate_inputs, "judge_scores": scores, "cases": {}}
-    for similarity, temperature, focal_gamma, weighting, soft_labels in CASES:
+    for similarity, temperature, focal_gamma, weighting, soft_labels, dims in CASES:
         encoder.zero_grad()
         q = encoder(query_inputs[rank])  # (Q, D)
         c = encoder(candidate_inputs[rank])  # (M, D)
@@ -90,14 +92,14 @@ def main(out_dir):
         if extra:
             extra["own_candidates"] = own_candidates()
         terms = pace_loss(q, c, targets, similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,
-                          focal_temperature=0.1, weighting=weighting, **extra)
+                          focal_temperature=0.1, weighting=weighting, matryoshka_dims=dims, **extra)
         terms.loss.backward()
         stats = statistics(terms)
         grads = {}
         for name, p in encoder.named_parameters():  # emulate FSDP/DDP: average over ranks
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             grads[name] = p.grad / world
-        results["cases"][(similarity, temperature, focal_gamma, weighting, soft_labels)] = {
+        results["cases"][(similarity, temperature, focal_gamma, weighting, soft_labels, dims)] = {
             "loss": terms.loss.item(), "stats": stats, "grads": grads}
 
     # the hot path: a gather of a shape already checked gathers no shapes, and a step's loss costs one all-reduce

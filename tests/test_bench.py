@@ -61,7 +61,9 @@ def test_step_flops_count_the_weight_gradients_only_when_fully_finetuning(tiny_c
 
 def check_step_rows(rows, stdout):
     assert [r["name"] for r in rows] == ["Stage I (LoRA, cos)", "Stage I (LoRA, cos) + GradCache",
-                                         "Stage II (full, dot)", "Stage II (full, dot) + GradCache"]
+                                         "Stage II (full, dot)", "Stage II (full, dot) + GradCache", "Stage II + MRL"]
+    matryoshka = rows.pop()
+    assert matryoshka["dims"] == [16, 32] and matryoshka["ratio"] > 0.5  # D/4 and D/2 of the tiny model's 64
     for row in rows:
         assert row["step_s"] > 0 and row["floor_s"] > 0 and row["name"] in stdout
         assert row["ratio"] == pytest.approx(row["step_s"] / row["floor_s"])  # one round: the paired ratio is the ratio

@@ -167,3 +167,26 @@ def test_an_english_only_vidore_v2_run_is_taken_by_name_scored_apart_and_in_no_m
     heading = next(i for i, line in enumerate(table) if line.startswith("ViDoRe v2, English-only"))
     rows = [i for i, line in enumerate(table) if line.split()[:1] == [english]]
     assert rows == [heading + 1] and heading > next(i for i, line in enumerate(table) if "visdoc: 4 of 24" in line)
+
+
+def test_an_option_cut_to_nothing_is_embedded_and_ranked_like_any_other(tiny_embedder, tmp_path):
+    # Video-MME's "C.It is a movie." has no space after its letter: VLM2Vec's cut, o[o.find('. '):].strip('. '),
+    # leaves '' and VLM2Vec embeds it; eval.py embeds the prompt around nothing and scores the task
+    root = str(tmp_path / "MMEB-V2")
+    downloads.v2_videomme(root)
+    options = ["A. Apples.", "B. Candles.", "C.It is a movie.", "D. The same number."]
+    downloads.parquet(f"{root}/annotations/Video-MME/videomme/test-00000-of-00001.parquet", [
+        {"question_id": "001-1", "videoID": "fFjv93ACGo8", "question": "Which decoration is most common?",
+         "options": options, "answer": "C"}],
+        [("question_id", downloads.STRING), ("videoID", downloads.STRING), ("question", downloads.STRING),
+         ("options", downloads.STRINGS), ("answer", downloads.STRING)])
+    task = read_v2_task(root, "Video-MME")
+    texts = [c["text"] for c in task["candidates"]]
+    assert "" in texts and task["labels"] == [[options[2]]]  # the empty option is the gold, a candidate like any
+    log = lambda *a, **k: None  # noqa: E731
+    settings = {"dtype": "float32", "skip_bad_rows": False, "overwrite": False, "num_workers": 0, "batch_size": 4}
+    per_task = evaluation.evaluate_v2(tiny_embedder, ["Video-MME"], root, str(tmp_path / "out"), settings, 0, 1, log, "x")
+    assert per_task["Video-MME"]["num_queries"] == 1 and per_task["Video-MME"]["candidates"] == 4
+    assert 0.0 <= per_task["Video-MME"]["hit@1"] <= 1.0
+    empty, apples = tiny_embedder.encode([{"text": "", "image": None}, {"text": "Apples", "image": None}])
+    assert torch.isfinite(empty).all() and (empty - apples).abs().max() > 1e-3  # a vector of its own, ranked

@@ -27,8 +27,9 @@ def loss_and_stats(*args, **kwargs):
     return terms.loss, statistics(terms)
 
 
-def reference_loss(q, c, targets, similarity, temperature, focal_gamma, focal_temperature):
-    """Eqs. (1)-(7) written out one query and one candidate at a time. Returns (L, a)."""
+def reference_loss(q, c, targets, similarity, temperature, focal_gamma, focal_temperature, dims=()):
+    """Eqs. (1)-(7) written out one query and one candidate at a time; with Matryoshka's dims, l_i the mean of eq. (3)
+    over the whole vectors and their prefixes of dims. Returns (L, a)."""
     def cosine(u, v):
         return torch.dot(u, v) / (u.norm() * v.norm())  # eq. (1)
 
@@ -37,9 +38,11 @@ def reference_loss(q, c, targets, similarity, temperature, focal_gamma, focal_te
 
     nlls, weights = [], []
     for i in range(q.shape[0]):
-        t = int(targets[i])
-        exps = [torch.exp(score(q[i], c[j]) / temperature) for j in range(c.shape[0])]
-        nlls.append(-torch.log(exps[t] / sum(exps)))  # l_i = -log pi_i, eq. (3)
+        t, terms = int(targets[i]), []
+        for d in list(dims) + [q.shape[1]]:  # a prefix q[:d], c[:d] is a vector of its own
+            exps = [torch.exp(score(q[i, :d], c[j, :d]) / temperature) for j in range(c.shape[0])]
+            terms.append(-torch.log(exps[t] / sum(exps)))  # l_i = -log pi_i, eq. (3)
+        nlls.append(sum(terms) / len(terms))
         with torch.no_grad():
             cos_exps = [torch.exp(cosine(q[i], c[j]) / focal_temperature) for j in range(c.shape[0])]
             p = cos_exps[t] / sum(cos_exps)  # eq. (4)
@@ -84,6 +87,20 @@ def test_matches_loop_reference(similarity, temperature, focal_gamma):
     assert stats["weight_max"] == pytest.approx(weights.max().item(), abs=1e-6)
     if focal_gamma > 0:  # the focal weights really vary, or the weighted tests prove little
         assert weights.max() / weights.min() > 2
+
+
+@pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 0.1)])
+def test_matryoshka_prefixes_match_the_loop_reference(similarity, temperature):
+    # the loss at each prefix beside the whole vector, averaged; the focal weight stays the whole vector's cosine
+    q, c, targets = random_batch(similarity, temperature)
+    loss, stats = loss_and_stats(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE, matryoshka_dims=(3, 6))
+    expected, weights = reference_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE, dims=(3, 6))
+    assert torch.allclose(loss.double(), expected, rtol=1e-5, atol=1e-6) and stats["loss"] == pytest.approx(loss.item(), rel=1e-6)
+    grad_q, expected_grad_q = torch.autograd.grad(loss, q)[0], torch.autograd.grad(expected, q)[0]
+    assert torch.allclose(grad_q, expected_grad_q, rtol=1e-4, atol=1e-5 * expected_grad_q.abs().max().item())
+    assert stats["weight_max"] == pytest.approx(weights.max().item(), abs=1e-6)  # eq. (5): the whole vector's
+    whole, _ = reference_loss(q, c, targets, similarity, temperature, 2.0, FOCAL_TEMPERATURE)
+    assert abs(whole.item() - expected.item()) > 1e-3  # the prefixes change the loss
 
 
 @pytest.mark.parametrize("similarity,temperature", [("cos", 0.1), ("dot", 100.0)])
@@ -326,7 +343,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     targets = torch.cat([torch.arange(queries_per_rank) + r * candidates_per_rank for r in range(world)])
     own = torch.cat([dist_loss_check.own_candidates() + r * candidates_per_rank for r in range(world)])  # global c
     for key, case0 in ranks[0]["cases"].items():
-        similarity, temperature, focal_gamma, weighting, soft_labels = key
+        similarity, temperature, focal_gamma, weighting, soft_labels, dims = key
         cases = [rank["cases"][key] for rank in ranks]
         encoder.zero_grad()
         q = encoder(query_inputs.flatten(0, 1))  # (world*Q, D)
@@ -334,9 +351,9 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
         extra = dist_loss_check.judge_args(soft_labels, ranks[0]["judge_scores"].flatten(0, 1))
         extra.update({"own_candidates": own} if extra else {})
         loss, stats = loss_and_stats(q, c, targets, similarity, temperature, focal_gamma, FOCAL_TEMPERATURE, weighting,
-                                **extra)
+                                     matryoshka_dims=dims, **extra)
         loss.backward()
-        label = f"{similarity} tau={temperature} gamma={focal_gamma} {weighting} soft_labels={soft_labels}"
+        label = f"{similarity} tau={temperature} gamma={focal_gamma} {weighting} soft_labels={soft_labels} dims={dims}"
         if soft_labels != "none":  # the alignment term is really there, and differs by rank
             assert stats["alignment"] > 1e-3 and {"infonce", "alignment"} <= case0["stats"].keys(), label
         # rank r returns world * its share of L, so the ranks' mean is L

@@ -38,7 +38,8 @@ def exports(tmp_path_factory):
     paths = {}
     for name, model, changes in [("dot", embedder, {"similarity": "dot"}), ("cos", embedder, {"similarity": "cos"}),
                                  ("mean", embedder, {"similarity": "dot", "pooling": "mean"}),
-                                 ("qwen3_vl", second, {"similarity": "dot"})]:
+                                 ("qwen3_vl", second, {"similarity": "dot"}),
+                                 ("mrl", embedder, {"similarity": "dot", "matryoshka_dims": (16, 32)})]:
         paths[name] = str(root / f"export_{name}")
         save_hf_folder(model.state_dict(), model.spec.replace(**changes), paths[name], {"step": 1, "config": {}})
     pictures = []
@@ -75,6 +76,18 @@ def test_sentence_transformers_gives_encodes_vectors(exports):
         mixed = model.encode(inputs, convert_to_tensor=True).float()  # and a batch mixing them, not normalised
         torch.testing.assert_close(mixed, expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(mixed.norm(dim=-1), expected.norm(dim=-1), atol=1e-5, rtol=0)
+
+
+def test_sentence_transformers_truncate_dim_gives_encodes_matryoshka_prefix(exports):
+    from runs.export import load_embedder
+    paths, pictures = exports
+    items = items_of(pictures)
+    for dim in (16, 32):
+        expected = load_embedder(paths["mrl"], dim=dim)[0].encode(items)
+        model = sentence_transformers.SentenceTransformer(paths["mrl"], device="cpu", truncate_dim=dim)
+        got = model.encode([as_sentence_transformers_input(item) for item in items], convert_to_tensor=True).float()
+        assert got.shape == (len(items), dim) == expected.shape
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_the_processors_chat_template_builds_the_preprocessors_ids(exports):

@@ -24,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a value other than the default for every field: a new field must be given one here, and so checked below
 CHANGED = {"system_prompt": "Represent this item for retrieval.", "pooling": "mean",
            "similarity": "dot", "max_length": 300, "min_pixels": 2048, "max_pixels": 8192, "video_frames": 6,
-           "video_min_pixels": 4096, "video_max_pixels": 32768, "video_fps": 1.0, "backbone": "/models/another-release"}
+           "video_min_pixels": 4096, "video_max_pixels": 32768, "video_fps": 1.0, "dim": 32, "matryoshka_dims": (8, 16),
+           "backbone": "/models/another-release"}
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def test_every_field_has_a_changed_value_here():
 def test_every_field_is_kept_beside_the_weights_and_said_in_the_model_card(changed_spec, tmp_path):
     changed_spec.save(str(tmp_path))
     assert EmbeddingSpec.load(str(tmp_path)) == changed_spec  # what step folders and exports hold
-    assert json.load(open(tmp_path / SPEC_FILE)) == dataclasses.asdict(changed_spec)
+    assert json.load(open(tmp_path / SPEC_FILE)) == json.loads(json.dumps(dataclasses.asdict(changed_spec)))
     card = model_card(changed_spec, {"step": 3, "config": {"seed": 1}}, str(tmp_path / "export"))
     for field, value in CHANGED.items():
         assert f"| `{field}` | `{value!r}` |" in card, field  # every field in the card's table

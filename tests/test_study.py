@@ -47,7 +47,7 @@ def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
 def test_jobs_share_stage1_runs_and_follow_the_paper():
     args = study.parse_args(["--seeds=5", "--out_dir=/tmp/study", "--data_dir=/tmp/shapes"])
     jobs = study.seed_jobs(5, args)
-    assert len(jobs) == len(study.STAGE_I) + 6 + len(study.METHODS)  # shared Stage I runs, six Stage II, all evals
+    assert len(jobs) == len(study.STAGE_I) + 7 + len(study.METHODS)  # shared Stage I runs, seven Stage II, all evals
     flags = {job["name"]: dict(a[2:].split("=", 1) for a in job["command"] if a.startswith("--")) for job in jobs}
     pace_stage1, pace = flags["seed 5 Stage I cos_lora_focal"], flags["seed 5 Stage II pace"]
     assert (pace_stage1["similarity"], pace_stage1["temperature"], pace_stage1["lora_rank"]) == ("cos", "0.1", "16")
@@ -58,6 +58,16 @@ def test_jobs_share_stage1_runs_and_follow_the_paper():
     assert flags["seed 5 Stage II no_focal"]["init_from"].endswith("stage1_cos_lora_plain/step_000100")
     assert flags["seed 5 Stage I dot_full_plain"]["focal_gamma"] == "0.0"
     assert flags["seed 5 eval pace"]["init_from"].endswith("stage2_pace/export")
+    weighted = eval(flags["seed 5 Stage I cos_lora_focal_weighted"]["train_data"])  # the mixtures of the field
+    assert [(os.path.basename(e["path"]), e["weight"]) for e in weighted] == [
+        ("CLS.jsonl", 1), ("VQA.jsonl", 2), ("T2I.jsonl", 2), ("I2T.jsonl", 2), ("GRD.jsonl", 1)]
+    assert flags["seed 5 Stage I cos_lora_focal_same"]["homogeneous_batch"] == "8"
+    assert flags["seed 5 Stage II pace_mrl"]["matryoshka_dims"] == "[16, 32]"
+    assert flags["seed 5 Stage II pace_mrl"]["init_from"].endswith("stage1_cos_lora_focal_mrl/step_000100")
+    with_dims = study.seed_jobs(5, study.parse_args(["--seeds=5", "--methods=pace", "--dims=[16, 32]",
+                                                      "--out_dir=/tmp/study", "--data_dir=/tmp/shapes"]))
+    assert [j["command"][-1] for j in with_dims if j["name"].startswith("seed 5 eval")] == [
+        "--dim=0", "--dim=16", "--dim=32"]
 
 
 class FakeProcess:

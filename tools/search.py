@@ -62,6 +62,7 @@ batch_size = 16  # items per forward pass
 num_workers = 4  # DataLoader worker processes (decode, resize, tokenise); at most the cores there are
 max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoint's own
 max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
+dim = 0  # the vectors' first dim dimensions (Matryoshka: see the spec's matryoshka_dims); 0 = the checkpoint's
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
 dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype of the model
 # -----------------------------------------------------------------------------
@@ -285,7 +286,7 @@ def main(argv=None):
     stored = None if items else read_vectors(vectors)  # a bad vectors file fails before the model loads
     run_device = common.compute_init(device)[3]
     embedder, _ = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
-                                     similarity=similarity)
+                                     similarity=similarity, dim=dim)
     workers = common.worker_count(num_workers)
     if items:
         stored = index(embedder, items, vectors, init_from, batch_size, workers)
