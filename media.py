@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import numpy as np
 import torch
@@ -93,6 +94,21 @@ def video_frames(video):
         if not isinstance(frame, (str, os.PathLike, Image.Image)):
             raise ValueError(f"a video's frames must be file paths or PIL images, got {type(frame).__name__}")
     return list(video)
+
+
+def natural_key(name):
+    """VLM2Vec's load_frames order: digit runs compared as numbers, the rest case-blind (frame_2 before frame_10)."""
+    return [int(part) if k % 2 else part.lower() for k, part in enumerate(re.split(r"(\d+)", name))]
+
+
+def frame_files(folder):
+    """A video folder's .jpg/.jpeg/.png frames in natural_key order (hidden files never); None when there is no such
+    folder."""
+    try:
+        names = [n for n in os.listdir(folder) if n.lower().endswith((".jpg", ".jpeg", ".png")) and n[:1] != "."]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return [os.path.join(folder, name) for name in sorted(names, key=natural_key)]
 
 
 def frame_choice(count, budget):

@@ -54,12 +54,11 @@ readers.mmeb_v2_rows.vlm2vec_pairing).
 import collections
 import json
 import os
-import re
 
 from common import UserError
-from media import IMAGE_MARKER, VIDEO_MARKER
+from media import IMAGE_MARKER, VIDEO_MARKER, frame_files
 from readers.hf_files import data_files
-from readers.records import BadRow, is_junk
+from readers.records import BadRow
 
 # -----------------------------------------------------------------------------
 # the tasks: VLM2Vec-V2's video.yaml and visdoc.yaml, with the HF repos their parsers load
@@ -244,23 +243,8 @@ def index(record, field, count):
     return found
 
 
-def natural_key(name):
-    """vision_utils.load_frames' order: digit runs compared as numbers, the rest case-blind."""
-    return [int(part) if k % 2 else part.lower() for k, part in enumerate(re.split(r"(\d+)", name))]
-
-
-def frame_paths(folder):
-    """The .jpg/.jpeg/.png files of folder in natural order (None: no such folder)."""
-    try:
-        names = os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    names = [n for n in names if n.lower().endswith((".jpg", ".jpeg", ".png")) and not is_junk(n)]
-    return [os.path.join(folder, n) for n in sorted(names, key=natural_key)]
-
-
 def video_frames(folder, field):
-    frames = frame_paths(folder)
+    frames = frame_files(folder)
     if frames is None:
         raise BadRow(field, f"no frame folder {folder}", "missing frame folder")
     if not frames:

@@ -32,8 +32,9 @@ from readers import mmeb_v2
 from readers.hf_files import annotation_files, rows
 from readers.mmeb_v2_data import (CLS_INSTRUCTIONS, LABELS, MRET_QUERY, PAGE_QUERY, PAGE_TARGET, RETRIEVAL,
                                   SEEKER_QUERY, SEEKER_TARGET, V2_TASKS, VIDEO_TARGET, annotation_folder, bad_row,
-                                  find_v2_tasks, first_root, index, item, natural_key, new_report, option_text, prompt,
+                                  find_v2_tasks, first_root, index, item, new_report, option_text, prompt,
                                   qa_prompt, string, strings, value, video_frames, with_options)
+from media import natural_key
 from readers.records import BadRow, is_junk
 from readers.reports import summary
 
