@@ -11,11 +11,10 @@ negatives, the resumable rank-sharded sampler, the least-padding cut of a batch 
         ...
         sampler.position += 1  # this batch is consumed; sampler.state_dict() goes into the checkpoint
 
-The table is an Arrow IPC file read through a memory map: every rank and DataLoader worker reads the same pages of
-the page cache, and opening it costs milliseconds. One row a query: its text and image, its positive's, its hard
-negatives' (hardest first), a judge's scores, its subset and source; a JSON file beside it keeps the sources and each
-subset's report (readers/reports.py). A row read has exactly num_hard_negatives negatives: the first kept,
-missing ones drawn from other rows of its subset (seeded by the seed, the subset and the row).
+The table is an Arrow IPC file read through a memory map (every rank and worker reads the same page cache; opening it
+costs milliseconds), one row a query: its text and image or video, its positive's, its hard negatives' (hardest
+first), a judge's scores, its subset and source; the JSON beside it keeps each subset's report (readers/reports.py).
+A row read has exactly num_hard_negatives negatives: missing ones are drawn from other rows of its subset (seeded).
 """
 import functools
 import json
@@ -28,13 +27,16 @@ import pyarrow as pa
 import torch
 
 from common import UserError
+from media import frame_files
 
 COLUMNS = ("subset", "file", "location", "query", "query_image", "positive", "positive_image", "negatives",
-           "negative_images", "judge")
+           "negative_images", "judge", "query_video", "positive_video", "negative_videos")
+VIDEO = pa.list_(pa.string())  # a video: [its folder of frames] or its frame files; null: none
 SCHEMA = pa.schema([("subset", pa.int32()), ("file", pa.int32()), ("location", pa.string()), ("query", pa.string()),
                     ("query_image", pa.string()), ("positive", pa.string()), ("positive_image", pa.string()),
                     ("negatives", pa.list_(pa.string())), ("negative_images", pa.list_(pa.string())),
-                    ("judge", pa.list_(pa.float64()))])
+                    ("judge", pa.list_(pa.float64())), ("query_video", VIDEO), ("positive_video", VIDEO),
+                    ("negative_videos", pa.list_(VIDEO))])
 
 
 # -----------------------------------------------------------------------------
@@ -83,16 +85,29 @@ class TrainTable:
         return self.columns[name]
 
     def candidates(self, i):
-        """Row i's positive and every negative it came with, as sides {"text", "image"} (image a path or None)."""
+        """Row i's positive and negatives as sides {"text", "image": a path or None, "video" if any: see video_of}."""
         get = lambda name: self.column(name)[i].as_py()  # noqa: E731
-        sides = [{"text": get("positive"), "image": get("positive_image")}]
-        return sides + [{"text": t, "image": p} for t, p in zip(get("negatives"), get("negative_images"))]
+        videos = get("negative_videos") or [None] * len(get("negatives"))
+        sides = [side(get("positive"), get("positive_image"), get("positive_video"))]
+        return sides + [side(*values) for values in zip(get("negatives"), get("negative_images"), videos)]
 
     def row(self, i):
         """Row i -> {"query": side, "candidates": [positive, negatives...], "source": "file row 7", "judge"}."""
         get = lambda name: self.column(name)[i].as_py()  # noqa: E731
-        return {"query": {"text": get("query"), "image": get("query_image")}, "candidates": self.candidates(i),
+        return {"query": side(get("query"), get("query_image"), get("query_video")), "candidates": self.candidates(i),
                 "source": f"{self.info['files'][get('file')]} {get('location')}", "judge": get("judge")}
+
+
+def side(text, image, video):
+    return {"text": text, "image": image, **({"video": video} if video else {})}
+
+
+def video_of(stored):
+    """A video as the table keeps it -> its frame files or None: [folder] is the folder's frames, listed now; a folder
+    gone or empty is a ValueError (met as an image that does not decode). Fewer than video_frames: all kept."""
+    if stored and len(stored) == 1 and not os.path.isfile(folder := stored[0]) and not (stored := frame_files(folder)):
+        raise ValueError(f"video folder {folder} is gone or holds no frame")
+    return stored or None
 
 
 def row_with_negatives(table, i, num_negatives, seed):
@@ -100,7 +115,7 @@ def row_with_negatives(table, i, num_negatives, seed):
     scores with them), or fewer filled with candidates of other rows of its subset, drawn by random.Random(f"{seed}/
     {subset}/{row in it}") (the data and the seed alone decide), none equal to one it has (a shared class label)."""
     row = table.row(i)
-    key = lambda side: (side["text"], side["image"])  # noqa: E731
+    key = lambda side: (side["text"], side["image"], str(side.get("video")))  # noqa: E731
     candidates = row["candidates"][:1 + num_negatives]  # the positive, then the first K negatives
     if row["judge"] is not None:  # a judged row's scores go with its candidates; the judge never saw a filled one
         row["judge"] = row["judge"][:1 + num_negatives]
@@ -127,11 +142,10 @@ def row_with_negatives(table, i, num_negatives, seed):
 
 class TrainDataset(torch.utils.data.Dataset):
     """dataset[i] = {"query": feature, "candidates": [positive, K negatives] features, "row": j, "skipped": [...],
-    "judge"}, each feature a model.Preprocessor output. Runs in the DataLoader workers, where an image that
-    exists but does not decode (truncated or corrupt, over Pillow's pixel limit, an aspect ratio over 200) is
-    first found: an error naming the file, row and image, or with skip_bad_rows the next row that decodes
-    (j = i + 1, ...), the same on every run so a resumed run is the straight run; "skipped" lists what was passed
-    over."""
+    "judge"}, each feature a model.Preprocessor output. Runs in the DataLoader workers, where an image that does
+    not decode (truncated, corrupt, over Pillow's pixel limit, an aspect ratio over 200) is first found: an error
+    naming the file, row and image, or with skip_bad_rows the next row that decodes (j = i + 1, ...), the same on
+    every run so a resumed run is the straight run; "skipped" lists what was passed over."""
 
     def __init__(self, table, preprocessor, num_hard_negatives, seed, skip_bad_rows=False):
         self.table, self.preprocessor, self.skip_bad_rows = table, preprocessor, skip_bad_rows
@@ -156,13 +170,14 @@ class TrainDataset(torch.utils.data.Dataset):
         raise UserError(f"no row of the {len(self.table)} can be decoded; the first: {skipped[0]}")
 
     def prepare(self, row):
-        parts = [("field 'qry_image_path'", row["query"]), ("field 'pos_image_path'", row["candidates"][0])]
-        parts += [(f"field 'neg_image_path[{k}]' (or a negative filled from another row)", side)
-                  for k, side in enumerate(row["candidates"][1:])]
+        names = [("qry_image_path", "query_video"), ("pos_image_path", "positive_video")] + [
+            (f"neg_image_path[{k}]", f"negative_videos[{k}]") for k in range(len(row["candidates"]) - 1)]
         features = []
-        for field, side in parts:
+        for k, (side, name) in enumerate(zip([row["query"]] + row["candidates"], names)):
+            field = f"field '{name[1] if side.get('video') else name[0]}'" + (" (or a negative filled from another "
+                                                                             "row)" if k > 1 else "")
             try:
-                features.append(self.preprocessor(side["text"], side["image"]))
+                features.append(self.preprocessor(side["text"], side["image"], video_of(side.get("video"))))
             except ValueError as error:
                 raise UserError(f"{row['source']} {field}: {error}") from None
         return {"query": features[0], "candidates": features[1:]}
@@ -172,12 +187,10 @@ class TrainDataset(torch.utils.data.Dataset):
 # the sampler
 
 class ShardedBatchSampler:
-    """Yields this rank's share (n = batch_size / world_size indices) of each global batch, forever: epoch e is
-    the permutation numpy.random.default_rng([seed, e]).permutation(num_rows), cut into num_rows // batch_size
-    global batches (the last partial one is dropped, so within an epoch a row goes to at most one rank). Use as
-    DataLoader's batch_sampler. Resuming: workers prefetch, so the sampler cannot see what the loop has used;
-    its state is `position`, the global batches consumed, which the loop advances itself. Global batches do not
-    depend on world_size, so a run may resume on another number of ranks."""
+    """Yields this rank's share (batch_size / world_size indices) of each global batch, forever: epoch e is
+    numpy.random.default_rng([seed, e]).permutation(num_rows) cut into num_rows // batch_size global batches (the
+    partial last one dropped). DataLoader's batch_sampler. Workers prefetch, so its state is `position`, the global
+    batches consumed, which the loop advances itself; batches do not depend on world_size (resume on other ranks)."""
 
     def __init__(self, num_rows, batch_size, rank=0, world_size=1, seed=0):
         if batch_size % world_size:
@@ -215,13 +228,11 @@ class ShardedBatchSampler:
 
 
 class MixtureSampler(ShardedBatchSampler):
-    """ShardedBatchSampler over a mixture: sources (train_data's entries: {"ranges": [(start, stop)] of the table's
-    rows, "weight"}) drawn with probability weight / total (VLM2Vec-V2's), per query, or with group > 0 per group of
-    `group` queries on every rank at once: group g of each rank comes from one source, so the candidates the loss
-    gathers across ranks for it are that source's, as VLM2Vec-V2's homogeneous batches are. One seeded stream of
-    draws, alike on every rank; each source is read through its own seeded permutations, one after another (a source
-    read through starts its next, where VLM2Vec-V2 restarts it unshuffled). An epoch: num_rows // batch_size steps.
-    State: `position`, as ShardedBatchSampler's, the draws before it replayed on a resume."""
+    """ShardedBatchSampler over sources ({"ranges": [(start, stop)] of rows, "weight"}), each drawn with probability
+    weight / total per query, or (group > 0) per group of `group` queries of every rank at once: the candidates the
+    loss gathers across ranks for group g are then one source's (VLM2Vec-V2's homogeneous batches). One seeded stream
+    of draws, alike on every rank; a source is read through seeded permutations, one after another (VLM2Vec-V2
+    restarts a source unshuffled). An epoch: num_rows // batch_size steps. State: `position`, draws replayed."""
 
     def __init__(self, sources, batch_size, rank=0, world_size=1, seed=0, group=0):
         self.rows = [np.concatenate([np.arange(a, b) for a, b in s["ranges"]]) for s in sources]  # each (R_s,)
@@ -273,11 +284,10 @@ class MixtureSampler(ShardedBatchSampler):
 # batches
 
 def split_by_length(lengths, max_items=None):
-    """Indices -> chunks, one forward call each: sorted longest first, then cut where the padded positions
-    (sum over chunks of longest * count) are fewest, into number_of_chunks(n, max_items) chunks of at most
-    max_items items. -> list of index lists, every index once. The number of chunks depends on n and max_items
-    only, never on the lengths: under FSDP2 every forward call is a collective, so every rank must make the
-    same number of them. max_items=None: one chunk."""
+    """Indices -> chunks (index lists), one forward call each: sorted longest first, cut where the padded positions
+    (sum over chunks of longest * count) are fewest, into number_of_chunks(n, max_items) chunks of at most max_items
+    (None: one chunk). The count depends on n and max_items alone, never on the lengths or on what an item holds
+    (text, image, video): under FSDP2 every forward call is a collective every rank must make."""
     n = len(lengths)
     count = number_of_chunks(n, max_items) if max_items else min(n, 1)
     order = sorted(range(n), key=lambda i: -lengths[i])
@@ -315,14 +325,12 @@ def least_padding_cuts(lengths, count, max_items):
 
 
 def collate_train(preprocessor, max_items=None, cut=split_by_length):
-    """collate_fn for DataLoader over TrainDataset (picklable). n items -> {"query": [collated chunks],
-    "candidate": [collated chunks], "targets": (n,), "rows": (n,), "skipped": [messages]}, and for judged rows
-    (TrainDataset of a judged table) "judge_scores" (n, 1 + K) and "own_candidates" (n, 1 + K), each query's
-    judge scores and the indices in c of its positive and its K negatives (loss.pace_loss's). Concatenating the
-    chunks' embeddings gives q (n, D) and c (n * (1 + K), D): the n positives first, then each query's K
-    negatives, each side cut into forward calls by cut(lengths, max_items) (split_by_length: sorted by length, the
-    least padding; bench/bench.py passes simpler cuts to compare). targets[i] indexes query i's positive in c; rows[i]
-    is query i's row; skipped: the rows that could not be decoded (TrainDataset)."""
+    """collate_fn for DataLoader over TrainDataset (picklable). n items -> {"query": [collated chunks], "candidate":
+    [collated chunks], "targets": (n,), "rows": (n,), "skipped": [messages]}, and for judged rows "judge_scores" and
+    "own_candidates" (n, 1 + K): each query's judge scores and the indices in c of its positive and K negatives
+    (loss.pace_loss's). The chunks' embeddings give q (n, D) and c (n * (1 + K), D): the n positives, then each
+    query's K negatives, each side cut into forward calls by cut(lengths, max_items) (split_by_length: the least
+    padding; bench/bench.py passes simpler cuts). targets[i]: query i's positive in c; rows[i]: its row."""
     return functools.partial(_collate_train, preprocessor=preprocessor, max_items=max_items, cut=cut)
 
 

@@ -102,8 +102,7 @@ def natural_key(name):
 
 
 def frame_files(folder):
-    """A video folder's .jpg/.jpeg/.png frames in natural_key order (hidden files never); None when there is no such
-    folder."""
+    """A video folder's .jpg/.jpeg/.png frames in natural_key order (hidden ones never); None: there is no folder."""
     try:
         names = [n for n in os.listdir(folder) if n.lower().endswith((".jpg", ".jpeg", ".png")) and n[:1] != "."]
     except (FileNotFoundError, NotADirectoryError):

@@ -48,7 +48,7 @@ resume = False  # continue from the newest intact checkpoint in out_dir
 allow_config_change = False  # with resume: let a resume change what defines the run (runs/outdir.py DEFINING), recorded in config.json
 overwrite = False  # a fresh run where an earlier run's checkpoints are: delete them (else the run refuses to start)
 export_only = False  # with resume: write out_dir/export/ from the newest checkpoint and stop
-train_data = ["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic"]  # files, subset folders or download roots, or {"path", "image_dir", "max_rows"} dicts (readers/training.py)
+train_data = ["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic"]  # files, subset folders or download roots, or {"path", "image_dir", "max_rows", "weight", "parser"} dicts (readers/training.py)
 image_dir = "data/mmE5"  # where the rows' image paths (images/...) are relative to, unless an entry names its own
 train_split = "original"  # the split a subset folder is read through: MMEB-train's 'original' or 'diverse_instruction'
 table_dir = "data/tables"  # where train_data is converted, once, into the table every rank memory-maps
@@ -125,7 +125,7 @@ if len(table) < batch_size:
 sources = readers.mixture(train_data, image_dir, table.subsets, homogeneous_batch)  # None: rows drawn uniformly
 if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
     configurator.print_config(config)
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, video_frames)
                     + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
     bad, usable = (sum(sum(s[key].values()) for s in table.subsets) for key in ("bad", "files"))
     print(f"check_data: {len(table.subsets)} subsets, {usable:,} usable rows, {bad:,} bad; " + (
@@ -144,12 +144,7 @@ ptdtype = getattr(torch, dtype)
 if threads:
     torch.set_num_threads(threads)
 torch.manual_seed(seed + rank)
-
-
-def barrier():
-    if distributed:
-        dist.barrier()
-
+barrier = dist.barrier if distributed else (lambda: None)  # every rank waits here for the others
 
 # out_dir: one run at a time (the lock), never two runs mixed, what a crash left cleared; a bad init_from refused first
 check_checkpoint(init_from)
@@ -160,7 +155,7 @@ earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overw
 if master:
     outdir.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives)))
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, video_frames)))
 barrier()
 resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None, rank,
                                   world_size)

@@ -15,7 +15,8 @@ round, so the machine's speed and its drift cancel out.
 1. step: the whole PACE step (embed, loss eqs. (3)-(7), backward, clipping, AdamW) over its floor, the embedder's
    forward + backward of the same chunks, the sum of the embeddings as the loss (one graph; per chunk under
    GradCache), same trainable set: Stage I (LoRA, cos) and Stage II (full, dot), with and without GradCache (its own
-   floor adds one no-grad forward of all chunks). Goal <= 1.10. Then Stage II with Matryoshka's prefixes over it.
+   floor adds one no-grad forward of all chunks). Goal <= 1.10. Then Stage I on 8-frame video queries against its
+   floor, and Stage II with Matryoshka's prefixes over Stage II without.
 2. padding: the share of computed positions that are padding, and the forward calls a batch, under three cuts
    of each side: ceil(n / max_items) near-equal chunks in the batch's order or length-sorted (the simple rule),
    and data.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
@@ -26,12 +27,11 @@ round, so the machine's speed and its drift cancel out.
 5. data: items/s per DataLoader worker (JPEG decode, resize, patchify, tokenise, collate); on GPU the headroom
    of `num_workers` workers over the Stage I step.
 6. eval: Embedder.encode items/s and, on the toy set, eval.py's dedup factor (references / distinct items).
-7. startup (not in the default sections): 200,000 synthetic rows in the real mmE5 layout (Parquet, negatives as
-   list-literal strings with '' entries, images/<Subset>/Train/ paths, 20 subsets) converted into the prepared
-   table (readers/training.py, once: rows per second, memory at the peak), then two training starts at once on it,
-   as two ranks (plain, then a weighted mixture of its subsets in same-source groups): seconds and the private
-   memory each grows by before its first step, the file pages it maps (shared); then --check_data=True on the cached
-   table: seconds, which grow with the image files (--startup_images a subset); extrapolated to 2.03M rows.
+7. startup (not in the default sections): 200,000 synthetic rows in the real mmE5 layout and 300k / 2.03M as many
+   LLaVA-Hound video rows (bench/startup.py) converted into the prepared table once (rows/s, peak memory), then two
+   training starts at once on it as two ranks (plain, then a weighted mixture of its subsets in same-source groups):
+   seconds and private memory before the first step, the file pages mapped (shared); then --check_data=True on the
+   cached table (seconds grow with the image files, --startup_images); extrapolated to 2.03M rows and 300k videos.
 On a GPU the step rows add tokens/s, MFU (runs/cost.py) and peak memory; the header says which Gated DeltaNet kernels
 run. --fsdp=True shards both stages' models in a one-rank process group (gloo on CPU, NCCL on CUDA) with
 train_step.fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs (step and cut).
@@ -52,7 +52,7 @@ import common
 import data
 import loss
 import train_step
-from bench import synthetic  # the data, models and cuts measured on
+from bench import startup, synthetic  # the data, models and cuts measured on
 from bench.timing import Results, attempt, clock, paired_ratio, side_by_side
 from configurator import configure
 from model import Preprocessor
@@ -60,7 +60,6 @@ from runs.cost import kernel_report, peak_flops, step_flops
 from shapes.tiny_model import make_tiny_checkpoint
 
 _here = os.path.dirname(os.path.abspath(__file__))
-
 # -----------------------------------------------------------------------------
 # config (--key=value, as train.py)
 shape = "tiny"  # 'tiny' (the tiny checkpoint + the toy data) or 'qwen3.5-0.8b', 'qwen3.5-2b' (random weights)
@@ -124,10 +123,9 @@ def train_step_once(step, optimizer, batch):
 
 
 def floor_step(step, batch, one_graph):
-    """The floor: the embedder's forward and backward of the same chunks through train_step.embed, the sum of the
-    embeddings as the loss, gradients dropped after (as zero_grad does). one_graph: one backward over all chunks, as
-    the plain step must (its loss couples them); else one per chunk, as GradCache's second pass (under FSDP2
-    reducing gradients after the last chunk only, as there)."""
+    """The floor: the embedder's forward and backward of the same chunks (train_step.embed), the sum of the
+    embeddings as the loss, gradients dropped after. one_graph: one backward over all chunks, as the plain step
+    (its loss couples them); else one a chunk, as GradCache's second pass (FSDP2 reducing after the last only)."""
     chunks, embedder = batch["query"] + batch["candidate"], step["embedder"]
     if one_graph:
         sum(train_step.embed(embedder, chunk, step["autocast"]).sum() for chunk in chunks).backward()
@@ -172,8 +170,8 @@ def header(device):
 # -----------------------------------------------------------------------------
 # the measurements
 
-def measure_steps(results, stages, batches):
-    """Section 1: each stage's step, plain and with GradCache, against its floor."""
+def measure_steps(results, stages, batches, video_batch):
+    """Section 1: each stage's step, plain and with GradCache, against its floor; Stage I's on video queries."""
     print(f"1. training step / floor (the embedder's forward + backward of the same chunks); median of {iters} "
           f"rounds after {warmup}; goal <= 1.10 (GradCache: against its own floor)", flush=True)
     for stage, (name, optimizer, steps) in enumerate(stages):
@@ -182,14 +180,16 @@ def measure_steps(results, stages, batches):
             attempt(results, "step", label, measure_step, label, steps[grad_cache], optimizer, batches[grad_cache],
                     grad_cache, stage == 1)  # Stage II fine-tunes the whole language model
             optimizer.zero_grad(set_to_none=True)  # what a row that ran out of memory left
+    name, optimizer, steps = stages[0]
+    attempt(results, "step", "video", measure_step, "Stage I, 8-frame videos", steps[False], optimizer, video_batch,
+            False, False)
     name, optimizer, steps = stages[1]
     attempt(results, "step", "Stage II + MRL", measure_matryoshka, steps[False], optimizer, batches[False])
     optimizer.zero_grad(set_to_none=True)
 
 
 def measure_matryoshka(results, step, optimizer, batch):
-    """Section 1's last row: Stage II's plain step with Matryoshka's prefixes D/2 and D/4 (loss.pace_loss's
-    matryoshka_dims) over the same step without them: what the extra loss terms cost (goal <= 1.02)."""
+    """Section 1's last row: Stage II's step with Matryoshka's prefixes D/2 and D/4 over it without (goal <= 1.02)."""
     dim = step["embedder"].dim
     matryoshka = dict(step, loss_args=dict(step["loss_args"], matryoshka_dims=(dim // 4, dim // 2)))
     times, seconds = side_by_side({"mrl": lambda: train_step_once(matryoshka, optimizer, batch),
@@ -335,24 +335,25 @@ def measure_eval(results, embedder, toy, device):
 
 
 def measure_startup(results, num_rows, images_per_subset):
-    """Section 7: num_rows rows of a synthetic mmE5 download converted into the prepared table, then two training
-    starts on it at once (synthetic.startup_figures), each in a process of its own: conversion rows per second and
-    its memory at the peak, each start's seconds and private memory before its first step, --check_data=True's
-    seconds on the cached table, extrapolated to the paper's 2.03M rows."""
-    print(f"7. start-up: {num_rows:,} rows in the mmE5-MMEB-hardneg layout (20 subsets, list-literal negatives), "
-          "converted once, then two starts at once as two ranks, each in a process of its own", flush=True)
-    row = synthetic.startup_figures(num_rows, num_hard_negatives, seed, images_per_subset)
+    """Section 7: num_rows rows of a synthetic mmE5 download and 300k / 2.03M as many video rows converted into the
+    prepared table, then two training starts on it at once (startup.startup_figures), each in a process of its own:
+    conversion rows per second and its memory at the peak, each start's seconds and private memory before its first
+    step, --check_data=True's seconds on the cached table, extrapolated to the paper's 2.03M rows and 300k videos."""
+    print(f"7. start-up: {num_rows:,} rows in the mmE5-MMEB-hardneg layout (20 subsets, list-literal negatives) and "
+          "LLaVA-Hound video captions, converted once, then two starts at once as two ranks, each in a process of its "
+          "own", flush=True)
+    row = startup.startup_figures(num_rows, num_hard_negatives, seed, images_per_subset)
     results.add("startup", row, f"  conversion {row['conversion_rows_per_s']:,.0f} rows/s (peak growth "
-                f"{row['conversion_peak_growth_bytes_per_row']:,.0f} bytes a row, table {row['table_bytes_per_row']:,.0f} "
-                f"bytes a row) | a start {row['start_s']:.2f} s, {row['start_private_bytes'] / 2**20:.1f} MB private, "
-                f"{row['start_file_resident_bytes'] / 2**20:.1f} MB of mapped pages (shared) | a weighted mixture of its "
-                f"20 subsets in same-source groups, resumed half way: {row['mixture_start_s']:.2f} s, "
-                f"{row['mixture_start_private_bytes'] / 2**20:.1f} MB private | --check_data=True on "
-                f"the cached table {row['check_data_s']:.2f} s ({row['check_data_rows_per_s']:,.0f} rows/s, each of "
-                f"{row['image_files']:,} image files looked up) | the paper's {row['paper_rows']:,} rows: conversion about "
-                f"{row['paper_conversion_s']:,.0f} s once, --check_data about {row['paper_check_data_s']:.1f} s, a "
-                f"start at most {row['paper_start_s_at_most']:.1f} s and {row['paper_start_private_mb_at_most']:.0f} MB private per "
-                f"rank (a mixture's {row['paper_mixture_start_s_at_most']:.1f} s and "
+                f"{row['conversion_peak_growth_bytes_per_row']:,.0f} B a row, table {row['table_bytes_per_row']:,.0f} B a "
+                f"row) | a start {row['start_s']:.2f} s, {row['start_private_bytes'] / 2**20:.1f} MB private, "
+                f"{row['start_file_resident_bytes'] / 2**20:.1f} MB mapped (shared) | a weighted mixture of its 21 "
+                f"subsets in same-source groups, resumed half way: {row['mixture_start_s']:.2f} s, "
+                f"{row['mixture_start_private_bytes'] / 2**20:.1f} MB private | --check_data=True on the cached table "
+                f"{row['check_data_s']:.2f} s ({row['image_files']:,} image files and {row['video_folders']:,} video "
+                f"folders looked up) | the paper's {row['paper_rows']:,} rows and {row['paper_video_rows']:,} videos: "
+                f"conversion about {row['paper_conversion_s']:,.0f} s once, --check_data {row['paper_check_data_s']:.1f} s, "
+                f"a start at most {row['paper_start_s_at_most']:.1f} s and {row['paper_start_private_mb_at_most']:.0f} MB "
+                f"a rank (a mixture's {row['paper_mixture_start_s_at_most']:.1f} s and "
                 f"{row['paper_mixture_start_private_mb_at_most']:.0f} MB), a table of {row['paper_table_gb']:.2f} GB")
 
 
@@ -395,10 +396,8 @@ def main():
     wanted = set(sections.split(",")) & {"step", "cut"} if fsdp else set(sections.split(","))
     if wanted == {"startup"}:  # no model needed
         results = Results(out, compare)
-        results.data["header"] = {"sections": sections, "startup_rows": startup_rows,
-                                  "startup_images": startup_images, "seed": seed}
-        measure_startup(results, startup_rows, startup_images)
-        return
+        results.data["header"] = {"sections": sections, "startup_rows": startup_rows, "startup_images": startup_images}
+        return measure_startup(results, startup_rows, startup_images)
     temporary = tempfile.TemporaryDirectory(prefix="pace_bench_", ignore_cleanup_errors=True)  # removed at exit
     torch.manual_seed(seed)
     checkpoint = make_tiny_checkpoint(os.path.join(temporary.name, "tiny"), seed=seed)
@@ -422,8 +421,9 @@ def main():
     batches = {False: synthetic.collate(embedder.preprocessor, items[:batch_size], micro_batch),  # without GradCache
                True: synthetic.collate(embedder.preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # with it
 
-    if "step" in wanted:
-        measure_steps(results, stages, batches)
+    if "step" in wanted:  # and a batch of video queries, LLaVA-Hound's caption retrieval
+        video = synthetic.video_items(embedder.preprocessor, batch_size, num_hard_negatives, seed)
+        measure_steps(results, stages, batches, synthetic.collate(embedder.preprocessor, video, micro_batch))
     if "padding" in wanted:
         measure_padding(results, toy_dataset)
     if "cut" in wanted:  # a real shape's items are the mix already

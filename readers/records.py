@@ -15,7 +15,9 @@ A training record has one of two layouts, told apart by its columns:
   with an image and text '' is an image negative, its text the positive's (mmE5's rule when every text is '', else
   the list's first non-empty text); an entry with neither is a missing negative, left for the fill.
 - plain, for your own data: query, query_image, positive, positive_image, negatives (texts), negative_images (image
-  paths, entry by entry; either list may be absent), optionally positive_judge and negative_judges.
+  paths, entry by entry; either list may be absent), optionally positive_judge and negative_judges; a side may hold
+  a video instead of an image: query_video, positive_video, negative_videos (entry by entry), each a folder of
+  frame files under image_dir (.jpg/.jpeg/.png in natural order, media.frame_files) or a list of frame files.
 A field outside its layout (mmE5's also carries mmE5-synthetic's modality and tools/mine.py's neg_score; pandas'
 __index_level_0__ is no field) is a bad row naming it and the closest known field: a misspelt query_img would train
 a text-only query. So is a query or positive with neither text nor image. A BadRow names the field and a reason: an
@@ -32,11 +34,11 @@ import re
 import pyarrow.parquet as pq
 
 from common import UserError
-from media import IMAGE_MARKER
+from media import IMAGE_MARKER, VIDEO_MARKER, frame_files
 
 TRAIN_COLUMNS = ("qry", "qry_image_path", "pos_text", "pos_image_path", "neg_text", "neg_image_path", "pos_judge",
                  "neg_judge", "query", "query_image", "positive", "positive_image", "negatives", "negative_images",
-                 "positive_judge", "negative_judges")  # both layouts' columns: a file has one layout's
+                 "positive_judge", "negative_judges", "query_video", "positive_video", "negative_videos")  # a file has one layout's
 DATA_SUFFIXES = (".parquet", ".jsonl")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 SPLIT_FILE = re.compile(r"(?P<split>[A-Za-z_]+)-\d{5}-of-\d{5}\.(parquet|jsonl)$")  # Hugging Face's shard names
@@ -218,6 +220,7 @@ class ImagePaths:
 
     def __init__(self, image_dir, allow_outside=False):
         self.root, self.allow_outside, self.listings = os.path.abspath(image_dir or "."), allow_outside, {}
+        self.frames = {}  # a video folder -> its frames' count (None: no folder), each listed once
 
     def exists(self, path):
         folder, name = os.path.split(path)
@@ -239,17 +242,58 @@ class ImagePaths:
             raise BadRow(field, f"image not found: {path}", "missing image")
         return path
 
+    def add(self, path):
+        """Note a file written since its folder was listed (a page tools write while converting)."""
+        self.exists(path)
+        self.listings[os.path.dirname(path)] |= {os.path.basename(path)}
+
+    def video(self, value, field):
+        """A row's video -> the list the table keeps (None: no video): [folder] for a folder of frames under image_dir
+        (its frames listed as each row is read, media.frame_files), or the frame files of a list, each resolved as an
+        image. A folder that is missing or holds no frame is a bad row. -> (that list, its number of frames)."""
+        if isinstance(value, list):
+            paths = [self.resolve(frame, f"{field}[{k}]") for k, frame in enumerate(value)]
+            if None in paths:
+                raise BadRow(field, "a frame path is ''", "empty frame path")
+            return (paths, len(paths)) if paths else (None, 0)
+        folder = self.resolve_folder(value, field)
+        if folder is None:
+            return None, 0
+        if folder not in self.frames:
+            self.frames[folder] = None if (found := frame_files(folder)) is None else len(found)
+        if self.frames[folder] is None:
+            raise BadRow(field, f"video folder not found: {folder}", "missing video folder")
+        if not self.frames[folder]:
+            raise BadRow(field, f"video folder {folder} holds no .jpg/.jpeg/.png frame", "empty video folder")
+        return [folder], self.frames[folder]
+
+    def resolve_folder(self, value, field):
+        if not isinstance(value, str):
+            raise BadRow(field, f"expected a folder or a list of frame files, got {type(value).__name__}",
+                         "not a string")
+        if not value:
+            return None
+        path = os.path.normpath(os.path.join(self.root, value))
+        if not self.allow_outside and not path.startswith(self.root.rstrip(os.sep) + os.sep):
+            raise BadRow(field, f"video folder {value!r} leaves image_dir {self.root} (allow_any_image_path=True "
+                                "allows it)", "image path leaves image_dir")
+        return path
+
 
 def empty_text(text):
-    return not text.replace(IMAGE_MARKER, "").strip()
+    return not text.replace(IMAGE_MARKER, "").replace(VIDEO_MARKER, "").strip()
 
 
-def make_side(text, image, text_name, image_name, images, reason="empty"):
-    """A query or positive -> {"text", "image": a file path or None}. One with neither is a bad row."""
+def make_side(text, image, text_name, image_name, images, reason="empty", video=None, video_name=None):
+    """A query or positive -> {"text", "image": a file path or None}, with a video also "video" (ImagePaths.video's
+    list) and "frames". One with neither text nor a visual is a bad row, one with an image and a video too."""
     path = images.resolve(image, image_name)
-    if path is None and empty_text(text):
+    frames, count = images.video(video, video_name) if video is not None else (None, 0)
+    if path is not None and frames is not None:
+        raise BadRow(video_name, f"the side has an image ({image_name}) and a video: one or the other", "image and video")
+    if path is None and frames is None and empty_text(text):
         raise BadRow(text_name, "empty: no text and no image", reason)
-    return {"text": text, "image": path}
+    return {"text": text, "image": path, **({"video": frames, "frames": count} if frames else {})}
 
 
 def entry_pairs(texts, paths, text_name, image_name):
@@ -268,7 +312,9 @@ MMEB_NAMES = {"query": "qry", "query_image": "qry_image_path", "positive": "pos_
               "negatives": "neg_text", "negative_images": "neg_image_path", "positive_judge": "pos_judge",
               "negative_judges": "neg_judge"}  # the plain layout's column -> mmE5's
 PLAIN_NAMES = {name: name for name in MMEB_NAMES}
-LAYOUT_FIELDS = {"mmE5": frozenset(MMEB_NAMES.values()) | {"modality", "neg_score"}, "plain": frozenset(PLAIN_NAMES)}
+VIDEO_FIELDS = ("query_video", "positive_video", "negative_videos")  # the plain layout's alone
+LAYOUT_FIELDS = {"mmE5": frozenset(MMEB_NAMES.values()) | {"modality", "neg_score"},
+                 "plain": frozenset(PLAIN_NAMES) | frozenset(VIDEO_FIELDS)}
 # every field a layout may hold; mmE5-synthetic's `modality` and tools/mine.py's `neg_score` are carried, never read
 PANDAS_INDEX = re.compile(r"__index_level_\d+__$")  # the index pandas' to_parquet may write: a column, not a field
 
@@ -302,9 +348,11 @@ def unknown_fields(fields, layout):
 
 def train_row(record, images, rewrite):
     """One training record (either layout, the file docstring) -> (row, missing negatives): row = {"query",
-    "query_image", "positive", "positive_image", "negatives", "negative_images", "judge"}, the query's text through
-    rewrite (the instructions), images as resolved paths (None for none), judge the scores of the positive and of
-    each kept negative (None when the record has none). A field outside the record's layout is a bad row."""
+    "query_image", "positive", "positive_image", "negatives", "negative_images", "query_video", "positive_video",
+    "negative_videos", "judge", "frames"}, the query's text through rewrite (the instructions), images as resolved
+    paths (None for none), videos as ImagePaths.video keeps them, judge the scores of the positive and of each kept
+    negative (None when the record has none), frames each video's frame count. A field outside the record's layout
+    is a bad row."""
     layout = layout_of(record)
     mmE5 = layout == "mmE5"
     if not mmE5 and "query" not in record and "positive" not in record:
@@ -317,22 +365,32 @@ def train_row(record, images, rewrite):
     if not mmE5:  # the plain layout: a side without text or without an image may leave out its column
         record = {**{name: "" for name in ("query", "query_image", "positive", "positive_image")}, **record}
     query = make_side(text_field(record, names["query"]), text_field(record, names["query_image"]), names["query"],
-                      names["query_image"], images, "empty query")
+                      names["query_image"], images, "empty query", record.get("query_video"), "query_video")
     positive = make_side(text_field(record, names["positive"]), text_field(record, names["positive_image"]),
-                         names["positive"], names["positive_image"], images, "empty positive")
+                         names["positive"], names["positive_image"], images, "empty positive",
+                         record.get("positive_video"), "positive_video")
     pairs = entry_pairs(list_field(record, names["negatives"]), list_field(record, names["negative_images"]),
                         names["negatives"], names["negative_images"])
+    videos = list_field(record, "negative_videos")
+    if videos and len(videos) != len(pairs):
+        raise BadRow("negative_videos", f"{len(videos)} entries, but negatives has {len(pairs)}", "list lengths differ")
     filler = next((t for t, _ in pairs if t), positive["text"])  # mmE5: an image negative's text, when its own is ''
     negatives, kept = [], []
     for k, (text, image) in enumerate(pairs):
-        path = images.resolve(image, f"{names['negative_images']}[{k}]")
-        if path is None and empty_text(text):
+        side = make_side(text, image, None, f"{names['negative_images']}[{k}]", images, None,
+                         videos[k] if videos else None, f"negative_videos[{k}]") if not empty_text(text) or image \
+            or (videos and videos[k]) else None
+        if side is None:
             continue  # a missing negative
-        negatives.append({"text": (text or filler) if path and mmE5 else text, "image": path})
+        side["text"] = (text or filler) if side["image"] and mmE5 else text
+        negatives.append(side)
         kept.append(k)
     row = {"query": rewrite(query["text"]), "query_image": query["image"], "positive": positive["text"],
            "positive_image": positive["image"], "negatives": [n["text"] for n in negatives],
-           "negative_images": [n["image"] for n in negatives], "judge": judge_scores(record, kept, names)}
+           "negative_images": [n["image"] for n in negatives], "query_video": query.get("video"),
+           "positive_video": positive.get("video"), "negative_videos": [n.get("video") for n in negatives],
+           "judge": judge_scores(record, kept, names), "frames": [s["frames"] for s in [query, positive] + negatives
+                                                                  if "video" in s]}
     return row, len(pairs) - len(kept)
 
 

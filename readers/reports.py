@@ -23,13 +23,14 @@ class SourceReport:
     lines() says it; problems() says why a run would not start. to_dict() / from_dict(): kept beside the table."""
 
     FIELDS = ("subset", "dataset", "split", "layout", "files", "bad", "examples", "negatives", "missing_negatives",
-              "judged", "distinct", "instructions", "leak", "failure", "start", "stop", "entry")
+              "judged", "distinct", "instructions", "leak", "failure", "start", "stop", "entry", "videos")
 
     def __init__(self, subset, dataset, split, layout=""):
         self.subset, self.dataset, self.split, self.layout = subset, dataset, split, layout
         self.files, self.bad, self.examples, self.negatives = {}, collections.Counter(), {}, collections.Counter()
         self.missing_negatives = self.judged = self.distinct = self.start = self.stop = self.entry = 0
         self.instructions, self.leak, self.failure = {}, False, None
+        self.videos = collections.Counter()  # frames a video has -> videos with that many
 
     @property
     def rows(self):
@@ -50,9 +51,10 @@ class SourceReport:
     def from_dict(cls, values):
         report = cls(values["subset"], values["dataset"], values["split"])
         for key in cls.FIELDS:
-            setattr(report, key, values[key])
+            setattr(report, key, values.get(key, getattr(report, key)))
         report.bad = collections.Counter(report.bad)
         report.negatives = collections.Counter({int(n): c for n, c in report.negatives.items()})  # JSON keys: str
+        report.videos = collections.Counter({int(n): c for n, c in report.videos.items()})
         return report
 
     def negative_range(self):
@@ -66,7 +68,7 @@ class SourceReport:
         return (sum(c for n, c in self.negatives.items() if n < num_hard_negatives),
                 sum(c for n, c in self.negatives.items() if n > num_hard_negatives))
 
-    def lines(self, num_hard_negatives=None):
+    def lines(self, num_hard_negatives=None, video_frames=None):
         names = ", ".join(os.path.basename(f) for f in self.files) or "-"
         lines = [f"data: {self.subset}: {self.rows:,} rows from {names} (split {self.split}; dataset "
                  f"{self.dataset or 'not one of MMEB'}, layout {self.layout})"]
@@ -78,6 +80,12 @@ class SourceReport:
                 filled, cut = self.filled_and_cut(num_hard_negatives)
                 line += f"; {filled:,} rows filled from other rows, {cut:,} cut to their first ones"
             lines.append(line)
+        if self.videos:
+            frames = sorted(self.videos.elements())
+            lines.append(f"  videos: {len(frames):,}, frames each min {frames[0]}, median {frames[(len(frames) - 1) // 2]}"
+                         f", max {frames[-1]}" + (f"; {sum(c for n, c in self.videos.items() if n < video_frames):,} "
+                         f"with fewer than video_frames={video_frames}: all kept, not padded (as VLM2Vec-V2)"
+                         if video_frames else ""))
         for reason, count in self.bad.most_common():
             lines.append(f"  bad rows: {count:,} {reason}, e.g. {self.examples[reason]}")
         if self.instructions.get("counts"):

@@ -47,13 +47,14 @@ import pyarrow.compute as pc
 
 import data
 from common import Progress, UserError, relative_hint, replaced_atomically
-from readers import mmeb
+from readers import mmeb, v2_train
 from readers.records import (DATA_SUFFIXES, MMEB_NAMES, PLAIN_NAMES, TRAIN_COLUMNS, BadRow, ImagePaths,
                              data_files, is_junk, layout_of, read_records, split_files, train_row, unknown_columns)
+from media import frame_files
 from readers.reports import SourceReport
 from runs.lock import alive_here, lock_record, read_lock
 
-FORMAT = 3  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
+FORMAT = 4  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)
 BATCH_ROWS = 65536  # rows a record batch of the table holds
 
@@ -62,34 +63,51 @@ BATCH_ROWS = 65536  # rows a record batch of the table holds
 # which files train_data names
 
 def train_entries(train_data, image_dir):
-    """train_data -> [{"path", "image_dir", "max_rows", "weight"}]: a path, a dict, or a list of them. A weight is the
-    entry's share of the draws in a mixture (data.MixtureSampler), a positive number."""
+    """train_data -> [{"path", "image_dir", "max_rows", "weight", "parser", "data_mode"}]: a path, a dict, or a list
+    of them. A weight is the entry's share of the draws in a mixture (data.MixtureSampler), a positive number; a
+    parser one of VLM2Vec-V2's video and document sources (readers/v2_train.py), read through its data_mode."""
     entries = [train_data] if isinstance(train_data, (str, os.PathLike, dict)) else list(train_data)
-    out = []
+    out, keys = [], {"path", "image_dir", "max_rows", "weight", "parser", "data_mode"}
     for entry in entries:
         if isinstance(entry, (str, os.PathLike)):
             entry = {"path": entry}
-        if not isinstance(entry, dict) or "path" not in entry or set(entry) - {"path", "image_dir", "max_rows", "weight"}:
+        if not isinstance(entry, dict) or "path" not in entry or set(entry) - keys:
             raise UserError(f"train_data entry {entry!r}: expected a path, or a dict with 'path' and optionally "
-                            "'image_dir', 'max_rows' and 'weight', e.g. {'path': 'data/MMEB-train/VisDial', "
-                            "'max_rows': 50000, 'weight': 0.5}")
-        weight = entry.get("weight")
+                            "'image_dir', 'max_rows', 'weight', 'parser' and 'data_mode', e.g. {'path': "
+                            "'data/MMEB-train/VisDial', 'max_rows': 50000, 'weight': 0.5}")
+        weight, parser, mode = entry.get("weight"), entry.get("parser"), entry.get("data_mode")
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0):
             raise UserError(f"train_data entry {entry['path']!r}: weight must be a positive number, got {weight!r}")
+        if parser is not None and parser not in v2_train.COLUMNS:
+            raise UserError(f"train_data entry {entry['path']!r}: parser {parser!r} is none of "
+                            f"{', '.join(v2_train.COLUMNS)}")
+        if mode is not None and mode not in v2_train.DATA_MODES.get(parser, ()):
+            raise UserError(f"train_data entry {entry['path']!r}: data_mode {mode!r} is not a mode of parser {parser!r} "
+                            f"({', '.join(v2_train.DATA_MODES.get(parser, ())) or 'it has none'})")
         out.append({"path": os.fspath(entry["path"]), "image_dir": entry.get("image_dir") or image_dir,
-                    "max_rows": entry.get("max_rows"), "weight": weight})
+                    "max_rows": entry.get("max_rows"), "weight": weight, "parser": parser,
+                    "data_mode": mode or (v2_train.DATA_MODES.get(parser) or [None])[0]})
     if not out:
         raise UserError("train_data is empty: name a file, a subset folder or a download's root")
     return out
 
 
-def train_subsets(path, split):
+def train_subsets(path, split, parser=None):
     """A train_data path -> [(dataset name or None, subset folder or file, [files], split read)]: a file is one
     subset; a folder with data files is a subset folder (split_files); a folder of such folders is a download's
     root, each subfolder with data files a subset (folders without, such as images/ or images_zip/, are passed
-    over). The dataset is the subset's name when it is an MMEB dataset (either spelling), else dataset_of(path)."""
+    over). The dataset is the subset's name when it is an MMEB dataset (either spelling), else dataset_of(path).
+    With a parser, the path is one subset, the parser its dataset: a file, or a Hugging Face download whose
+    train-*-of-* files lie anywhere below it (as VLM2Vec-V2 loads split 'train')."""
     if not os.path.exists(path):
         raise UserError(f"train_data: {path} does not exist" + relative_hint(path))
+    if parser is not None and os.path.isdir(path):
+        files = sorted(os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names
+                       if name.endswith(DATA_SUFFIXES) and not is_junk(name))
+        files, read = split_files(path, "train", files)
+        return [(parser, path, files, read)]
+    if parser is not None:
+        return [(parser, path, [path], "(a file)")]
     if os.path.isfile(path):
         if not path.endswith(DATA_SUFFIXES):
             raise UserError(f"train_data: {path}: unknown file type, expected .parquet or .jsonl")
@@ -126,7 +144,8 @@ def table_path(entries, sources, table_dir, train_split, instructions, allow_any
     made_from = {"format": FORMAT, "train_split": train_split, "instructions": instructions,
                  "allow_any_image_path": allow_any_image_path,
                  "entries": [{"image_dir": os.path.abspath(entry["image_dir"] or "."), "max_rows": entry["max_rows"],
-                              "files": [file_identity(f) for _, _, files, _ in subsets for f in files]}
+                              "files": [file_identity(f) for _, _, files, _ in subsets for f in files],
+                              "parser": entry["parser"], "data_mode": entry["data_mode"]}
                              for entry, subsets in zip(entries, sources)]}
     digest = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
     names = "+".join(os.path.splitext(os.path.basename(os.path.normpath(e["path"])))[0] for e in entries)[:60]
@@ -142,7 +161,7 @@ def prepared_table(train_data, image_dir, table_dir="data/tables", train_split="
     others wait). Every process may call it; each gets the same path."""
     mmeb.Instructions(instructions)  # a bad mode is an error before anything is read
     entries = train_entries(train_data, image_dir)
-    sources = [train_subsets(entry["path"], train_split) for entry in entries]
+    sources = [train_subsets(entry["path"], train_split, entry["parser"]) for entry in entries]
     path = table_path(entries, sources, table_dir, train_split, instructions, allow_any_image_path)
     lock, waited = path + ".lock", 0.0
     while not os.path.isfile(data.info_path(path)):
@@ -190,18 +209,23 @@ def convert(entries, sources, path, instructions, allow_any_image_path):
     with replaced_atomically(path) as tmp:
         with pa.ipc.new_file(tmp, data.SCHEMA) as writer:
             for k, (entry, subsets) in enumerate(zip(entries, sources)):
-                images = ImagePaths(entry["image_dir"], allow_any_image_path)
+                pages = path + ".pages" if entry["parser"] in v2_train.PAGES else None  # its pages, written once
+                images = ImagePaths(pages or entry["image_dir"], allow_any_image_path)
+                if pages:
+                    os.makedirs(pages, exist_ok=True)
                 for dataset, subset, subset_files, split in subsets:
-                    report = SourceReport(subset, dataset, split)
+                    report = SourceReport(subset, dataset if not entry["data_mode"] else
+                                          f"{dataset}:{entry['data_mode']}", split)
                     report.leak, report.start, report.entry = dataset in mmeb.OOD_DATASETS, rows, k
+                    parse = entry["parser"] and (lambda record, e=entry, p=pages, i=images: parsed(record, e, p, i))
                     for batch in subset_batches(report, subset_files, entry["max_rows"], images, instructions,
-                                                len(reports), files):
+                                                len(reports), files, parse):
                         writer.write_batch(batch)
                     rows = report.stop = rows + report.rows
                     reports.append(report)
                     print(f"data: {report.subset}: {report.rows:,} rows" + (f", {report.num_bad:,} bad" if report.bad
                                                                              else ""), flush=True)
-                images.listings.clear()  # the folder listings: memory no longer needed
+                images.listings.clear(), images.frames.clear()  # the folder listings: memory no longer needed
     info = {"format": FORMAT, "rows": rows, "files": files, "subsets": [r.to_dict() for r in reports],
             "instructions": instructions, "seconds": time.time() - start, "written": time.strftime("%Y-%m-%d %H:%M:%S")}
     with replaced_atomically(data.info_path(path)) as tmp:  # last: its presence says the table is whole
@@ -211,10 +235,25 @@ def convert(entries, sources, path, instructions, allow_any_image_path):
           f"({rows / max(time.time() - start, 1e-9):,.0f} rows/s)", flush=True)
 
 
-def subset_batches(report, subset_files, max_rows, images, instructions, index, files):
+def parsed(record, entry, pages, images):
+    """A record of a VLM2Vec-V2 source -> its plain-layout record (readers/v2_train.py); a page it wrote is noted in
+    images' listing. A record the parser cannot read is a bad row."""
+    try:
+        plain = v2_train.plain_record(entry["parser"], record, entry["data_mode"], pages)
+    except v2_train.Malformed as error:
+        raise BadRow(error.field, error.problem, error.reason) from None
+    for field in ("query_image", "positive_image"):
+        if pages and plain.get(field):
+            images.add(os.path.join(pages, plain[field]))
+    return plain
+
+
+def subset_batches(report, subset_files, max_rows, images, instructions, index, files, parse=None):
     """One subset's rows as record batches of data.SCHEMA, its report filled in as they are read. A bad row is
-    counted and left out; a subset that cannot be read, or holds no row, gets a failure."""
+    counted and left out; a subset that cannot be read, or holds no row, gets a failure. parse: a VLM2Vec-V2
+    source's reader (parsed), whose rows keep their texts (no instructions are rewritten)."""
     rewrite, columns, distinct = mmeb.Instructions(instructions), {name: [] for name in data.COLUMNS}, set()
+    keep = (lambda text: text) if parse else (lambda text: rewrite(text, report.dataset))  # noqa: E731
     try:
         for path in subset_files:
             left = None if max_rows is None else max_rows - report.rows
@@ -222,24 +261,26 @@ def subset_batches(report, subset_files, max_rows, images, instructions, index, 
                 break
             files.append(path)
             report.files[path], progress = 0, Progress(None, f"data: reading {path}", "rows", every=30.0)
-            stray = unknown_columns(path)  # a column no layout has: every row of the file is bad, and says why
-            for number, (location, record) in enumerate(read_records(path, TRAIN_COLUMNS, left), 1):
+            stray = None if parse else unknown_columns(path)  # a column no layout has: every row is bad, says why
+            columns_read = v2_train.COLUMNS[report.dataset.split(":")[0]] if parse else TRAIN_COLUMNS
+            for number, (location, record) in enumerate(read_records(path, columns_read, left), 1):
                 try:
                     if isinstance(record, BadRow):
                         raise record
                     if stray:
                         raise stray.with_traceback(None)  # one error for every row: no traceback piles up
-                    row, missing = train_row(record, images, lambda text: rewrite(text, report.dataset))
+                    row, missing = train_row(parse(record) if parse else record, images, keep)
                 except BadRow as error:
                     report.bad_row(f"{path} {location}", error)
                     continue
-                report.layout = report.layout or layout_of(record)
+                report.layout = report.layout or (report.dataset.split(":")[0] if parse else layout_of(record))
+                report.videos.update(row["frames"])
                 report.negatives[len(row["negatives"])] += 1
                 report.missing_negatives += missing
                 report.judged += row["judge"] is not None
                 if len(distinct) < DISTINCT_CAP:
-                    distinct.add((row["positive"], row["positive_image"]))
-                    distinct.update(zip(row["negatives"], row["negative_images"]))
+                    distinct.add((row["positive"], row["positive_image"], str(row["positive_video"])))
+                    distinct.update(zip(row["negatives"], row["negative_images"], map(str, row["negative_videos"])))
                 row.update(subset=index, file=len(files) - 1, location=location)
                 for name in data.COLUMNS:
                     columns[name].append(row[name])
@@ -292,23 +333,34 @@ def checked_table(train_data, image_dir, table_dir="data/tables", num_hard_negat
 
 
 def subsets_on_disk(table):
-    """--check_data=True on a prepared table (data.TrainTable), found cached or just converted: every image it
-    names looked up again, since its name covers the row files and options, not the images they name (the table
-    names no videos). Each folder is listed once (records.ImagePaths), so 2.03M rows cost seconds (bench/RESULTS.md).
-    -> the subsets' reports as dicts (table.subsets' form), a row whose image is gone counted as the conversion
-    counts it: a bad row 'missing image' naming its file, row and field, taken out of its subset's rows, negatives
-    and judged rows."""
-    query, positive, negatives = (table.column(name) for name in ("query_image", "positive_image", "negative_images"))
-    named = pa.chunked_array(query.chunks + positive.chunks + pc.list_flatten(negatives).chunks, pa.string())
+    """--check_data=True on a prepared table (data.TrainTable), found cached or just converted: every image and
+    video it names looked up again, since its name covers the row files and options, not the images they name. Each
+    folder is listed once (records.ImagePaths), so 2.03M rows cost seconds (bench/RESULTS.md). -> the subsets'
+    reports as dicts (table.subsets' form), a row whose image or video is gone counted as the conversion counts it:
+    a bad row ('missing image', 'missing video folder') naming its file, row and field, taken out of its subset's
+    rows, negatives and judged rows."""
+    columns = {name: table.column(name) for name in ("query_image", "positive_image", "negative_images", "query_video",
+                                                     "positive_video", "negative_videos")}
+    flat = {name: pc.list_flatten(column) for name, column in columns.items() if name.endswith(("s", "video"))}
+    flat["negative_videos"] = pc.list_flatten(flat["negative_videos"])
     images = ImagePaths("/")
-    gone = pa.array([path for path in pc.unique(named).drop_null().to_pylist() if not images.exists(path)],
-                    pa.string())
+    named = [columns["query_image"], columns["positive_image"], flat["negative_images"]]
+    gone = [path for path in pc.unique(pa.chunked_array([c for n in named for c in n.chunks], pa.string()))
+            .drop_null().to_pylist() if not images.exists(path)]
+    videos = [flat["query_video"], flat["positive_video"], flat["negative_videos"]]
+    gone += [path for path in pc.unique(pa.chunked_array([c for n in videos for c in n.chunks], pa.string()))
+             .drop_null().to_pylist() if not images.exists(path) and not frame_files(path)]  # a frame, or a folder
     reports = [SourceReport.from_dict(values) for values in table.subsets]
-    if len(gone):  # which rows name them: (bad rows,) sorted, each told as the conversion tells it
-        rows = np.union1d(np.flatnonzero(pc.is_in(query, value_set=gone).to_numpy()),
-                          np.flatnonzero(pc.is_in(positive, value_set=gone).to_numpy()))
-        hits = pc.is_in(pc.list_flatten(negatives), value_set=gone)
-        rows = np.union1d(rows, pc.list_parent_indices(negatives).filter(hits).to_numpy())
+    if gone:  # which rows name them: (bad rows,) sorted, each told as the conversion tells it
+        gone, rows = pa.array(gone, pa.string()), np.array([], dtype=np.int64)
+        for name, column in columns.items():
+            if name.startswith("negative_") or name.endswith("_video"):  # a list: which rows hold a hit
+                parents, values = pc.list_parent_indices(column), pc.list_flatten(column)
+                if name == "negative_videos":
+                    parents, values = pc.take(parents, pc.list_parent_indices(values)), pc.list_flatten(values)
+                rows = np.union1d(rows, parents.filter(pc.is_in(values, value_set=gone)).to_numpy())
+            else:
+                rows = np.union1d(rows, np.flatnonzero(pc.is_in(column, value_set=gone).to_numpy()))
         missing = set(gone.to_pylist())
         for i in rows.tolist():
             report_missing_image(table, i, reports[table.subset_of[i]], missing)
@@ -316,15 +368,19 @@ def subsets_on_disk(table):
 
 
 def report_missing_image(table, i, report, gone):
-    """Row i of table, whose image is gone: counted in its subset's report as the conversion counts such a row."""
+    """Row i of table, whose image or video is gone: counted in its subset's report as the conversion counts it."""
     names = MMEB_NAMES if report.layout == "mmE5" else PLAIN_NAMES
     get = lambda name: table.column(name)[i].as_py()  # noqa: E731
-    negatives = get("negative_images")
-    sides = [(names["query_image"], get("query_image")), (names["positive_image"], get("positive_image"))]
-    sides += [(f"{names['negative_images']}[{k}]", path) for k, path in enumerate(negatives)]  # k: among those kept
-    field, path = next((field, path) for field, path in sides if path in gone)
-    source = table.info["files"][get("file")]
-    report.bad_row(f"{source} {get('location')}", BadRow(field, f"image not found: {path}", "missing image"))
+    negatives, videos = get("negative_images"), get("negative_videos") or []
+    sides = [(names["query_image"], [get("query_image")]), (names["positive_image"], [get("positive_image")]),
+             ("query_video", get("query_video") or []), ("positive_video", get("positive_video") or [])]
+    sides += [(f"{names['negative_images']}[{k}]", [path]) for k, path in enumerate(negatives)]  # k: among those kept
+    sides += [(f"negative_videos[{k}]", video or []) for k, video in enumerate(videos)]
+    field, path = next((field, path) for field, paths in sides for path in paths if path in gone)
+    source, video = table.info["files"][get("file")], "video" in field
+    problem, reason = (f"video folder not found or empty: {path}", "missing video folder") if video else \
+        (f"image not found: {path}", "missing image")
+    report.bad_row(f"{source} {get('location')}", BadRow(field, problem, reason))
     report.files[source] -= 1
     report.negatives[len(negatives)] -= 1
     report.negatives = +report.negatives  # a count at 0 is no count
@@ -363,6 +419,7 @@ def mixture_lines(sources, batch_size, homogeneous_batch):
     return lines
 
 
-def report_lines(subsets, num_hard_negatives):
-    """Every subset's report as the conversion printed it, with the fill and the cut this run makes."""
-    return [line for values in subsets for line in SourceReport.from_dict(values).lines(num_hard_negatives)]
+def report_lines(subsets, num_hard_negatives, video_frames=None):
+    """Every subset's report as the conversion printed it, with the fill, the cut and the frames this run makes."""
+    return [line for values in subsets for line in SourceReport.from_dict(values).lines(num_hard_negatives,
+                                                                                         video_frames)]

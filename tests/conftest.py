@@ -25,6 +25,12 @@ def tiny_embedder(tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def preprocessor(tiny_checkpoint):
+    from model import Preprocessor
+    return Preprocessor.from_pretrained(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory, tiny_checkpoint):
     """{family: a tiny checkpoint of it} for every backbone family of model.FAMILIES (the core tests run on each)."""
     return {family: tiny_checkpoint if family == "qwen3_5" else make_tiny_checkpoint(

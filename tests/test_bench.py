@@ -86,14 +86,14 @@ def test_fsdp_mode_shards_with_train_py_and_times_the_distributed_step(tmp_path)
 def test_startup_converts_a_download_in_the_mmE5_layout_and_starts_two_ranks_on_it(tmp_path):
     results, stdout = run_bench(tmp_path, "--sections=startup", "--startup_rows=500")
     row, = results["startup"]
-    assert row["rows"] == 500 and row["ranks"] == 2  # every row converted, none lost; two starts at once
+    assert row["video_rows"] == 74 and row["rows"] == 500 + 74 and row["ranks"] == 2  # none lost; two starts at once
     assert row["conversion_rows_per_s"] > 0 and 0 < row["start_s"] < 60
     assert 200 < row["table_bytes_per_row"] < 2000  # a row: its texts, paths and five negatives
     assert 0 <= row["start_private_bytes"] < 200 * 2**20  # a start holds no copy of the rows
-    assert row["paper_conversion_s"] == pytest.approx(2_030_000 / row["conversion_rows_per_s"])
-    assert row["check_data_bad"] == 0 and row["check_data_rows_per_s"] == pytest.approx(500 / row["check_data_s"])
-    assert "--check_data=True on the cached table" in stdout
-    assert "the paper's 2,030,000 rows" in stdout
+    assert row["paper_conversion_s"] == pytest.approx(2_330_000 / row["conversion_rows_per_s"])
+    assert row["check_data_bad"] == 0 and row["check_data_rows_per_s"] == pytest.approx(574 / row["check_data_s"])
+    assert "--check_data=True on the cached table" in stdout and "74 video folders looked up" in stdout
+    assert "the paper's 2,030,000 rows and 300,000 videos" in stdout
 
 
 def test_fla_check_passes_a_second_reference_and_fails_a_wrong_one():

@@ -38,12 +38,6 @@ def skipped(reports):
 
 
 @pytest.fixture(scope="session")
-def preprocessor(tiny_checkpoint):  # tiny_checkpoint: tests/conftest.py
-    from model import Preprocessor
-    return Preprocessor.from_pretrained(tiny_checkpoint)
-
-
-@pytest.fixture(scope="session")
 def shapes(tmp_path_factory):
     return prepare_module.prepare(str(tmp_path_factory.mktemp("shapes")), seed=0, **SHAPES_SIZES)
 

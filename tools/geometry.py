@@ -200,6 +200,7 @@ def from_training_rows(path, table, count, seed, batch_size, num_workers, dtype,
     rows = [data.row_with_negatives(table, i, 0, seed) for i in picked]
     embedder, _ = load_for_inference(path, dtype, common.compute_init(device)[3])
     items = [row["query"] for row in rows] + [row["candidates"][0] for row in rows]
+    items = [dict(side, video=data.video_of(side["video"])) if "video" in side else side for side in items]
     embeddings = embedder.encode(items, batch_size, common.worker_count(num_workers), progress="training rows")
     queries, positives = embeddings[:len(rows)], embeddings[len(rows):]
     generator = torch.Generator().manual_seed(seed + 1)

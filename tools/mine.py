@@ -240,6 +240,8 @@ def main(argv=None):
                                           "batch_size"))
     table = readers.checked_table(train_data, image_dir, table_dir, 0, train_split, "dataset", allow_any_image_path,
                                   skip_bad_rows, allow_eval_datasets)
+    if videos := [s["subset"] for s in table.subsets if s.get("videos")]:  # its output is mmE5's layout: images only
+        raise UserError(f"train_data: {', '.join(videos)} hold videos; tools/mine.py mines rows of text and images")
     rank, _, world, run_device = common.compute_init(device, timeout_minutes)
     if threads:
         torch.set_num_threads(threads)
