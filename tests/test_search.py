@@ -148,7 +148,8 @@ def test_a_step_folder_and_a_plain_release_work_as_init_from(search_toy, indexed
     assert found[0]["image"] == os.path.join(search_toy["gallery"], "00001.png")
 
 
-def test_the_sheet_draws_each_query_with_its_results_and_frames_the_gold(search_toy, indexed, tmp_path):
+def test_the_sheet_draws_each_query_with_its_results_frames_the_gold_and_prints_its_rank(search_toy, indexed, tmp_path,
+                                                                                      capsys):
     vectors, by_text = indexed
     gold = by_text["results"][0][1]["id"]  # the second result of CAPTIONS[2]
     image = os.path.relpath(os.path.join(search_toy["gallery"], "00003.png"), tmp_path)  # relative to the queries file
@@ -158,7 +159,12 @@ def test_the_sheet_draws_each_query_with_its_results_and_frames_the_gold(search_
     sheet = str(tmp_path / "sheet.png")
     result = search_main(search_toy["export"], vectors, f"--queries={queries}", "--top_k=3", f"--sheet={sheet}",
                          f"--gold_id={gold}")
-    assert result["results"][0][1]["id"] == gold
+    assert result["results"][0][1]["id"] == gold and result["gold_ranks"][0] == 2  # its rank, also past top_k
+    ranked = [item["id"] for item in result["results"][1]]
+    assert ranked.index(gold) + 1 == result["gold_ranks"][1] if gold in ranked else result["gold_ranks"][1] > 3
+    assert f"gold {gold}: rank 2 of {len(IDS)}" in capsys.readouterr().out
+    with pytest.raises(UserError, match="gold_id 'nowhere.png' is none of the"):
+        search_main(search_toy["export"], vectors, f"--query_text={CAPTIONS[2]}", "--gold_id=nowhere.png")
     with Image.open(sheet) as image:
         assert image.format == "PNG" and image.width > image.height  # two rows of four cells
     figure = plot.retrieval_sheet(search.sheet_rows(queries_read(queries), result["results"], gold))

@@ -16,7 +16,8 @@ image-candidate text (image_text), as in training.
 
 A query is text and/or an image, or a file of them (.jsonl as above, else one text query per line). The top_k
 items by the similarity the checkpoint was trained with (its embedding spec; cosine for a plain release) are printed
-as rank, score, id and text, and drawn with --sheet=path.png (--gold_id frames one id green). As in training, a
+as rank, score, id and text, and drawn with --sheet=path.png; --gold_id=ID prints where that item ranks, and the
+sheet frames it green. As in training, a
 query carries its instruction in its text; the paper's (Table 5) for text -> image is "Retrieve an image that
 best matches the following description.", for image -> text (with --query_image=photo.png) "Find the caption
 that best describes this image.". One command may index and then query, or many may query one --vectors file.
@@ -57,7 +58,7 @@ top_k = 5  # results per query (at least 1)
 similarity = ""  # 'dot' (eq. 2) or 'cos' (eq. 1); '' = what the checkpoint was trained with (cos if unknown)
 allow_other_checkpoint = False  # rank vectors another checkpoint indexed (by the similarity they were indexed for)
 sheet = ""  # a PNG path: draw the queries and their results there as a retrieval sheet
-gold_id = ""  # the sheet frames the result of this id green
+gold_id = ""  # the id of the item a query should find: its rank is printed, and the sheet frames it green
 batch_size = 16  # items per forward pass
 num_workers = 4  # DataLoader worker processes (decode, resize, tokenise); at most the cores there are
 max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoint's own
@@ -252,18 +253,29 @@ def stored_similarity(stored, embedder, vectors_path, init_from, checkpoint_id, 
     return metadata["similarity"]
 
 
-def answer(embedder, asked, stored, similarity, top_k, batch_size, num_workers):
-    """Rank the stored items for each query and print them. -> each query's results"""
+def answer(embedder, asked, stored, similarity, top_k, batch_size, num_workers, gold_id=""):
+    """Rank the stored items for each query and print them, and with gold_id that item's rank among all (1 + the
+    items scored strictly above it). -> (each query's results, each query's gold rank or None)"""
     stored_vectors, stored_items, _ = stored
+    gold = next((j for j, item in enumerate(stored_items) if item["id"] == gold_id), None) if gold_id else None
+    if gold_id and gold is None:
+        raise UserError(f"gold_id {gold_id!r} is none of the {len(stored_items):,} indexed ids (e.g. "
+                        f"{stored_items[0]['id']!r})")
     query_vectors = embedder.encode(asked, batch_size, num_workers, progress="queries" if len(asked) > 1 else "")
     report_shrunk(embedder)
     finite_or_refuse(query_vectors, asked, "the queries")
     scores, indices = top(query_vectors, stored_vectors, similarity, top_k)
     results = [[dict(stored_items[j], score=score) for score, j in zip(row_scores, row_indices)]
                for row_scores, row_indices in zip(scores.tolist(), indices.tolist())]
-    for query, found in zip(asked, results):
+    ranks = [None] * len(asked)
+    if gold is not None:  # (Q, N) -> each query's count of items strictly above the gold
+        matrix = loss.similarity_matrix(query_vectors, stored_vectors, similarity)
+        ranks = (1 + (matrix > matrix[:, gold:gold + 1]).sum(dim=1)).tolist()
+    for query, found, rank in zip(asked, results, ranks):
         print_results(query, found)
-    return results
+        if rank is not None:
+            print(f"gold {gold_id}: rank {rank} of {len(stored_items):,}")
+    return results, ranks
 
 
 # -----------------------------------------------------------------------------
@@ -271,7 +283,8 @@ def answer(embedder, asked, stored, similarity, top_k, batch_size, num_workers):
 
 def main(argv=None):
     """Index and/or query with config overrides argv (default: the command line).
-    -> {"similarity", "indexed": items written, "results": per query, its results {"id", "text", "image", "score"}}"""
+    -> {"similarity", "indexed": items written, "results": per query, its results {"id", "text", "image", "score"},
+    "gold_ranks": per query, the gold_id's rank (None without one)}"""
     configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
     for key in ("init_from", "vectors"):
         if not globals()[key]:
@@ -293,12 +306,12 @@ def main(argv=None):
         ranked_by = embedder.spec.similarity
     else:
         ranked_by = stored_similarity(stored, embedder, vectors, init_from, fingerprint(init_from), allow_other_checkpoint)
-    results = answer(embedder, asked, stored, ranked_by, top_k, batch_size, workers) if asked else []
+    results, ranks = answer(embedder, asked, stored, ranked_by, top_k, batch_size, workers, gold_id) if asked else ([], [])
     if sheet and results:
         from tools import plot  # matplotlib, only when a sheet is asked for
         title = f"{init_from}: top {top_k} by {'cosine' if ranked_by == 'cos' else 'dot product'}"
         print(f"drew {plot.save(plot.retrieval_sheet(sheet_rows(asked, results, gold_id), title), sheet)}")
-    return {"similarity": ranked_by, "indexed": len(items), "results": results}
+    return {"similarity": ranked_by, "indexed": len(items), "results": results, "gold_ranks": ranks}
 
 
 if __name__ == "__main__":
