@@ -229,16 +229,17 @@ class ImagePaths:
             self.listings[folder] = frozenset(name for name in names if not is_junk(name))  # never '._' files
         return name in self.listings[folder]
 
-    def resolve(self, value, field):
+    def resolve(self, value, field, kind="image path"):
+        """A row's path -> the file (or with kind 'video folder', the folder) under image_dir; None for ''."""
         if not isinstance(value, str):
             raise BadRow(field, f"expected a path string, got {type(value).__name__}", "not a string")
         if not value:
             return None
         path = os.path.normpath(os.path.join(self.root, value))
         if not self.allow_outside and not path.startswith(self.root.rstrip(os.sep) + os.sep):
-            raise BadRow(field, f"image path {value!r} leaves image_dir {self.root} (allow_any_image_path=True "
+            raise BadRow(field, f"{kind} {value!r} leaves image_dir {self.root} (allow_any_image_path=True "
                                 "allows it)", "image path leaves image_dir")
-        if not self.exists(path):
+        if kind == "image path" and not self.exists(path):
             raise BadRow(field, f"image not found: {path}", "missing image")
         return path
 
@@ -256,7 +257,7 @@ class ImagePaths:
             if None in paths:
                 raise BadRow(field, "a frame path is ''", "empty frame path")
             return (paths, len(paths)) if paths else (None, 0)
-        folder = self.resolve_folder(value, field)
+        folder = self.resolve(value, field, "video folder")
         if folder is None:
             return None, 0
         if folder not in self.frames:
@@ -266,18 +267,6 @@ class ImagePaths:
         if not self.frames[folder]:
             raise BadRow(field, f"video folder {folder} holds no .jpg/.jpeg/.png frame", "empty video folder")
         return [folder], self.frames[folder]
-
-    def resolve_folder(self, value, field):
-        if not isinstance(value, str):
-            raise BadRow(field, f"expected a folder or a list of frame files, got {type(value).__name__}",
-                         "not a string")
-        if not value:
-            return None
-        path = os.path.normpath(os.path.join(self.root, value))
-        if not self.allow_outside and not path.startswith(self.root.rstrip(os.sep) + os.sep):
-            raise BadRow(field, f"video folder {value!r} leaves image_dir {self.root} (allow_any_image_path=True "
-                                "allows it)", "image path leaves image_dir")
-        return path
 
 
 def empty_text(text):

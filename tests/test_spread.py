@@ -1,0 +1,54 @@
+"""
+shapes/spread.py, the README toy table's spread: its jobs are the main job's commands at each seed and thread count,
+and its summary is the mean ± std over seeds of what eval.py wrote, with the second thread count's moves.
+
+    python -m pytest -q tests/test_spread.py
+"""
+import json
+import os
+import types
+
+import pytest
+
+from shapes import spread
+
+
+def write_run(folder, values, losses):
+    """A finished run's three evaluations (eval.py's JSON: meta-tasks, means, own tasks) and Stage I's log."""
+    os.makedirs(os.path.join(folder, "stage1"))
+    for k, v in enumerate(values):
+        result = {"meta_tasks": {"Classification": v, "VQA": v + 1, "Retrieval": v + 2, "Visual Grounding": v + 3},
+                  "IND": v + 4, "OOD": v + 5, "overall": v + 6,
+                  "own_v2": {"Shapes-VID-RET": {"metric": "hit@1", "hit@1": v / 100}}}
+        with open(os.path.join(folder, f"eval_{k}.json"), "w") as f:
+            json.dump(result, f)
+    with open(os.path.join(folder, "stage1", "log.jsonl"), "w") as f:
+        f.writelines(json.dumps({"step": i + 1, "loss": loss}) + "\n" for i, loss in enumerate(losses))
+
+
+def test_the_jobs_are_the_main_jobs_commands_at_each_seed_and_thread_count(tmp_path):
+    jobs = spread.jobs(1338, 2, str(tmp_path), "/data")
+    commands = [" ".join(job["command"]) for job in jobs]
+    assert [os.path.basename(job["command"][1]) for job in jobs] == ["train.py", "train.py"] + ["eval.py"] * 3
+    assert all("--seed=1338" in c and "--threads=2" in c for c in commands[:2]) and "--threads=2" in commands[2]
+    assert "config/shapes_stage1.py" in commands[0] and "--init_from=/data/tiny-qwen3.5" in commands[0]
+    assert f"--init_from={tmp_path}/t2_s1338/stage1/step_000100" in commands[1]  # Stage II from step 100
+    assert [c.split("--init_from=")[1].split()[0] for c in commands[2:]] == [
+        f"{tmp_path}/t2_s1338/stage1/step_000100", f"{tmp_path}/t2_s1338/stage1/export",
+        f"{tmp_path}/t2_s1338/stage2/export"]
+    assert jobs[1]["needs"] == [f"{tmp_path}/t2_s1338/stage1/step_000100"]
+
+
+def test_the_summary_is_the_mean_and_spread_over_seeds_and_the_moves_of_another_thread_count(tmp_path):
+    for seed, base in ((1, 40.0), (2, 42.0), (3, 44.0)):
+        write_run(str(tmp_path / f"t1_s{seed}"), [base, base + 10, base + 20], [3.0, 2.5, 2.0, 1.9])
+    write_run(str(tmp_path / "t2_s1"), [41.0, 49.5, 60.0], [3.0, 2.5, 2.0001, 1.9])
+    text, numbers = spread.summary(types.SimpleNamespace(seeds=[1, 2, 3], threads=[1, 2], out_dir=str(tmp_path)))
+    first = numbers["table"][spread.CHECKPOINTS[0][0]]
+    assert first["CLS"]["mean"] == pytest.approx(42.0) and first["CLS"]["std"] == pytest.approx(2.0)
+    assert first["all"]["mean"] == pytest.approx(48.0) and first["Shapes-VID-RET"]["mean"] == pytest.approx(42.0)
+    assert "| Stage II, step 150 | 62.0 ± 2.0 | 63.0 ± 2.0 |" in text
+    order = numbers["order"][2]
+    assert order["losses_equal_steps"] == 2 and order["largest_move"] == pytest.approx(1.0)
+    assert order["moved"][spread.CHECKPOINTS[1][0]]["CLS"] == pytest.approx(-0.5)
+    assert "Stage I's losses equal for the first 2 logged steps; a figure moves by at most 1.0 points" in text
