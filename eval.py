@@ -4,7 +4,7 @@ scores them.
 
     python eval.py --init_from=out/stage2/export --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images
     torchrun --nproc_per_node=8 eval.py --init_from=out/stage2/step_002000 --mmeb_dir=... --image_dir=...
-    python eval.py config/shapes_eval.py                          # the toy benchmark, the toy's Stage II export
+    python eval.py config/shapes_eval.py                          # the toy: ten image datasets, three of video, pages
     python eval.py --mmeb_dir=data/MMEB-eval --image_dir=data/eval_images --check_data=True   # no model
     python -m tools.geometry out/shapes_eval.json                 # then the geometry diagnostics, drawn
 
@@ -38,7 +38,9 @@ MMEB-V2 (v2_dir): its video and visual-document tasks (readers/mmeb_v2_rows.py) 
 them, over a task's de-duplicated pool or each row's own candidates, and scored by its metrics (readers/mmeb_v2.py:
 hit@1 for video, nDCG@5 with the qrels' grades for documents, and the rest at 1, 5 and 10); an image task's hit@1
 comes from its P@1 run, whose scores it ranks. The table and the JSON's "mmeb_v2" give family, modality and
-all-task means, and name what is missing: only all 78 tasks make "MMEB-V2 overall".
+all-task means, and name what is missing: only all 78 tasks make "MMEB-V2 overall". Your own tasks in those layouts
+(v2_dir/own_tasks.json names the task whose layout each takes: readers/mmeb_v2_data.own_tasks; the toy's three) are
+read and scored as that task is, and reported apart (a table of their own, the JSON's "own_v2"), in no MMEB-V2 mean.
 
 Beside the scores it keeps what the tools draw from: with geometry=True, a sample of each dataset's embeddings
 (<stem>_datasets/<name>.geometry.safetensors) for tools/geometry.py, the paper's geometry diagnostics; with
@@ -60,7 +62,7 @@ import loss
 from common import UserError
 from readers import mmeb, mmeb_v2
 from readers.evaluation import check_datasets, read_eval_dataset, which_datasets
-from readers.mmeb_v2_data import V2_TASKS as V2_READERS
+from readers.mmeb_v2_data import v2_reader
 from readers.mmeb_v2_rows import check_v2_tasks, read_v2_task, select_v2_tasks
 from readers.reports import summary
 from runs.checkpoint import fingerprint
@@ -338,16 +340,17 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
             log(f"{name}: kept from an earlier run with the same checkpoint and settings "
                 f"({os.path.join(folder, 'v2_' + name + '.json')}; --overwrite=True recomputes it)")
             continue
-        most = task["report"].get("frames", {}).get("max", 0)
-        if "all" in V2_READERS[name].extra.get("budget", ()) and most > embedder.spec.video_frames:
+        most, reader = task["report"].get("frames", {}).get("max", 0), v2_reader(v2_dir, name)
+        if "all" in reader.extra.get("budget", ()) and most > embedder.spec.video_frames:
             log(f"{name}: WARNING: VLM2Vec-V2 embeds every saved frame of its videos (up to {most} here); "
                 f"--video_frames={embedder.spec.video_frames} keeps fewer (--video_frames={most} for its reading)")
         result = evaluate_v2_task(embedder, task, embedder.spec.similarity, settings["batch_size"], workers, rank,
                                   world_size)
-        info = mmeb_v2.v2_task(name)
+        info = mmeb_v2.v2_task(reader.extra.get("like", name))  # your own task: that of the task whose layout it takes
         unreachable = task["report"].get("unreachable", 0)  # an answer none of its row's options is: VLM2Vec's miss
         per_task[name] = dict(result, family=info.family, metric=info.metric, eval_type=info.eval_type,
-                              skipped=task["report"]["skipped"], unreachable_golds=unreachable)
+                              skipped=task["report"]["skipped"], unreachable_golds=unreachable,
+                              **({"layout": reader.extra["like"]} if "like" in reader.extra else {}))
         if rank == 0:
             keep_result(folder, "v2_" + name, key, per_task[name], None)
         log(f"{name}: {info.metric} {100 * result[info.metric]:.1f} ({info.family}, {info.eval_type}) over "
@@ -401,11 +404,17 @@ def main(argv=None):
     output = {"benchmark": "MMEB" if mmeb_names else "other" if mmeb_dir else "MMEB-V2", **image_part,
               "omitted": omitted, "similarity": embedder.spec.similarity, "spec": embedder.spec.to_dict(),
               "init_from": init_from, "datasets_folder": stem + "_datasets", "config": config}
-    if v2_dir:
-        output["mmeb_v2"] = v2_section(per_task, {n: per_dataset[n] for n in mmeb_names})
+    own = {n: r for n, r in per_task.items() if "layout" in r}  # v2_dir's own tasks: apart, in no MMEB-V2 mean
+    if v2_dir and (len(own) < len(per_task) or mmeb_names or not own):
+        output["mmeb_v2"] = v2_section({n: r for n, r in per_task.items() if n not in own},
+                                       {n: per_dataset[n] for n in mmeb_names})
+    if own:
+        output["own_v2"] = own
     if mmeb_names and other_names:
         output["others"] = scores_section({n: per_dataset[n] for n in other_names}, [], False)
     if rank == 0:
+        if own:
+            print(mmeb_v2.format_own_v2(own) + "\n")
         report(output, out, started, init_from if info else "", wandb_project if wandb_log else "")
     if world_size > 1:
         dist.barrier()

@@ -125,7 +125,7 @@ if len(table) < batch_size:
 sources = readers.mixture(train_data, image_dir, table.subsets, homogeneous_batch)  # None: rows drawn uniformly
 if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
     configurator.print_config(config)
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, video_frames)
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])
                     + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
     bad, usable = (sum(sum(s[key].values()) for s in table.subsets) for key in ("bad", "files"))
     print(f"check_data: {len(table.subsets)} subsets, {usable:,} usable rows, {bad:,} bad; " + (
@@ -155,7 +155,7 @@ earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overw
 if master:
     outdir.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, video_frames)))
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])))
 barrier()
 resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None, rank,
                                   world_size)

@@ -1,4 +1,5 @@
-# Evaluate a toy run on the shapes benchmark's ten datasets (Shapes-CLS ... Shapes-GRD-OOD), with geometry.
+# Evaluate a toy run on the shapes benchmark's ten image datasets (Shapes-CLS ... Shapes-GRD-OOD), with geometry, and
+# on its video and document tasks (Shapes-VID-RET, Shapes-VID-QA, Shapes-DOC-RET: in MMEB-V2's layouts, scored apart).
 #   python -m shapes.prepare && python train.py config/shapes_stage1.py && python train.py config/shapes_stage2.py
 #   python eval.py config/shapes_eval.py                                          # the Stage II export
 #   python eval.py config/shapes_eval.py --init_from=out/shapes_stage1/step_000100  # or any step folder
@@ -6,9 +7,10 @@
 init_from = "out/shapes_stage2/export"
 mmeb_dir = "data/shapes/eval"
 image_dir = "data/shapes/images"
+v2_dir = "data/shapes/v2"  # the toy's own tasks in MMEB-V2's layouts (v2/own_tasks.json; shapes/media_tasks.py)
 out = "out/shapes_eval.json"  # and out/shapes_eval_geometry.png
 batch_size = 32
-max_pixels = 128 * 128  # as in training (config/shapes_stage1.py)
+max_pixels = 128 * 192  # as in training (config/shapes_stage1.py): images and pages whole
 max_length = 512
 geometry_samples = 1000  # the ten datasets' 100 queries each: every query
 dtype = "float32"

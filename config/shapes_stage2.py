@@ -3,12 +3,15 @@
 # The toy's scale, as config/shapes_stage1.py; then Stage II's recipe.
 out_dir = "out/shapes_stage2"
 init_from = "out/shapes_stage1/step_000100"
-train_data = ["data/shapes/train.jsonl"]
+train_data = ["data/shapes/train.jsonl",  # the five image families; the videos, the pages (shapes/media_tasks.py)
+              "data/shapes/train_video.jsonl", "data/shapes/train_docs.jsonl"]
 image_dir = "data/shapes/images"
 batch_size = 32
 num_hard_negatives = 3
 max_iters = 150
-max_pixels = 128 * 128
+max_pixels = 128 * 192  # an image (128 x 128) whole, and a page (128 x 192: shapes/media_tasks.py)
+video_frames = 4  # the toy's videos are 4 frames of 128 x 128 (shapes/media_tasks.py): 32 tokens each
+video_max_pixels = 4 * 128 * 128  # t * h * w: every frame at its own size (the tiny model's own budget is 16,384)
 max_length = 512
 dtype = "float32"
 device = "cpu"

@@ -343,3 +343,14 @@ def format_table_v2(per_task, title):
     if any(name in scores for name in RENAMED):
         lines.append("\u2020 on the fixed data (VLM2Vec/<task>-fixed, 2025-11-03), which reports call '<task>-fixed'")
     return "\n".join(line.rstrip() for line in lines)
+
+
+def format_own_v2(per_task):
+    """eval.py's own tasks (v2_dir/own_tasks.json: each in the layout of an MMEB-V2 task, scored by its metric) ->
+    their table: the task, the MMEB-V2 task whose layout it takes, its headline metric x 100, the queries; no mean."""
+    lines = ["Own tasks in MMEB-V2's layouts (v2_dir/own_tasks.json), scored as those tasks are, in no MMEB-V2 mean",
+             f"{'task':<34}{'layout of':<16}{'score':>7}  {'metric':<15}{'queries':>8}"]
+    for name, result in per_task.items():
+        lines.append(f"    {name:<30}{result['layout']:<16}{100 * result[result['metric']]:>7.1f}  "
+                     f"{result['metric']:<15}{result['num_queries']:>8}")
+    return "\n".join(lines)

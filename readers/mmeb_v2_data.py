@@ -6,6 +6,7 @@ builds a task from its rows; readers/hf_files.py picks a repo's files.
 
     present, partial = find_v2_tasks("data/MMEB-V2")   # tasks readable here; {name: what is missing} for others
     V2_TASKS["MSR-VTT"]    # Task(family='VID_RET', parser='msrvtt', repo='VLM2Vec/MSR-VTT', config='test_1k', ...)
+    own_tasks("data/shapes/v2")   # your own tasks in these layouts (v2_dir/own_tasks.json): the toy's, scored apart
 
 What is read under v2_dir (the tree of TIGER-Lab/MMEB-V2 after its download script, plus annotations/; which
 files of a download hold a config and split: readers/hf_files.py):
@@ -279,12 +280,12 @@ def annotation_folder(v2_dir, name, task):
 
 
 def find_v2_tasks(v2_dir):
-    """Which tasks v2_dir holds. -> (names readable: annotations there and, for video, a frame folder; {name:
-    what is missing} for a task with one part there but not the other)"""
+    """Which tasks v2_dir holds, its own (own_tasks) too. -> (names readable: annotations there and, for video, a
+    frame folder; {name: what is missing} for a task with one part there but not the other)"""
     if not os.path.isdir(v2_dir):
         raise UserError(f"v2_dir: {v2_dir} is not a folder")
     present, partial = [], {}
-    for name, task in V2_TASKS.items():
+    for name, task in {**V2_TASKS, **own_tasks(v2_dir)}.items():
         folder = os.path.join(v2_dir, "annotations", task.repo.split("/")[1])
         annotated = os.path.isdir(folder) and bool(data_files(folder))
         framed = first_root(v2_dir, task) is not None or not task.family.startswith("VID")
@@ -295,6 +296,55 @@ def find_v2_tasks(v2_dir):
         elif first_root(v2_dir, task) is not None:
             partial[name] = f"no annotations at {folder} (huggingface-cli download --repo-type dataset {task.repo})"
     return present, partial
+
+
+# -----------------------------------------------------------------------------
+# your own tasks in these layouts (the toy's): read and scored as the MMEB-V2 task whose layout they take, apart
+
+OWN_TASKS = "own_tasks.json"  # in a v2_dir: {your task's name: the MMEB-V2 task whose layout it takes}
+
+
+def own_tasks(v2_dir):
+    """v2_dir/own_tasks.json ({"Shapes-VID-RET": "MSR-VTT", ...}) -> {name: Task}; {} when there is no such file.
+    Each is read by its MMEB-V2 task's parser, config, split and eval_type (eval.py scores it by that task's metric,
+    in a part of its own and in no MMEB-V2 mean), from annotations/<name>/ and video-tasks/frames/<name>/ (a video
+    task) or visdoc-tasks/<name>/ (its pages). Any task's layout but a globally scored classification task's, whose
+    pool is its dataset's class list (LABELS)."""
+    path = os.path.join(v2_dir, OWN_TASKS)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            declared = json.load(f)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: not a JSON file ({error})") from None
+    if not isinstance(declared, dict):
+        raise UserError(f"{path}: expected an object {{task name: MMEB-V2 task}}, got {type(declared).__name__}")
+    tasks = {}
+    for name, like in declared.items():
+        base = V2_TASKS.get(like) if isinstance(like, str) else None
+        if name in V2_TASKS or name in (".", "..") or not name or os.path.basename(name) != name:
+            raise UserError(f"{path}: {name!r} is not a folder name, or is one of MMEB-V2's own tasks: name yours "
+                            "apart")
+        if base is None or base.parser == "video_classification":
+            raise UserError(f"{path}: {name!r} takes the layout of {like!r}, which is not an MMEB-V2 video or visdoc "
+                            "task or is a globally scored classification task (ranked against its dataset's classes); "
+                            f"one of {', '.join(n for n, t in V2_TASKS.items() if t.parser != 'video_classification')}")
+        root = f"video-tasks/frames/{name}" if base.family.startswith("VID") else f"visdoc-tasks/{name}"
+        tasks[name] = base._replace(repo=f"own/{name}", roots=(root,), extra=dict(base.extra, like=like))
+    return tasks
+
+
+def v2_reader(v2_dir, name):
+    """A task's name -> its Task: one of V2_TASKS, or one of v2_dir's own (own_tasks, extra["like"] naming the MMEB-V2
+    task whose layout it takes)."""
+    if not os.path.isdir(v2_dir):
+        raise UserError(f"v2_dir: {v2_dir} is not a folder")
+    task = V2_TASKS.get(name) or own_tasks(v2_dir).get(name)
+    if task is None:
+        raise UserError(f"{name!r} is not an MMEB-V2 video or visdoc task (one of {', '.join(V2_TASKS)}) nor one of "
+                        f"{os.path.join(v2_dir, OWN_TASKS)}")
+    return task
 
 
 # the classes of the globally scored classification tasks, in VLM2Vec-V2's order (its video_classification_utils'

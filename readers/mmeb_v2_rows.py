@@ -32,8 +32,8 @@ from readers import mmeb_v2
 from readers.hf_files import annotation_files, rows
 from readers.mmeb_v2_data import (CLS_INSTRUCTIONS, LABELS, MRET_QUERY, PAGE_QUERY, PAGE_TARGET, RETRIEVAL,
                                   SEEKER_QUERY, SEEKER_TARGET, V2_TASKS, VIDEO_TARGET, annotation_folder, bad_row,
-                                  find_v2_tasks, first_root, index, item, new_report, option_text, prompt,
-                                  qa_prompt, string, strings, value, video_frames, with_options)
+                                  find_v2_tasks, first_root, index, item, new_report, option_text, own_tasks,
+                                  prompt, qa_prompt, string, strings, v2_reader, value, video_frames, with_options)
 from media import natural_key
 from readers.records import BadRow, is_junk
 from readers.reports import summary
@@ -379,24 +379,22 @@ def read_visdoc_task(v2_dir, name, task, skip_bad_rows):
 
 
 def read_v2_task(v2_dir, name, skip_bad_rows=False):
-    """One MMEB-V2 video or visdoc task (a yaml key of V2_TASKS) -> its task dict (the module docstring). A bad
-    row raises UserError naming the task, file and row, or with skip_bad_rows is counted in report["skipped"]."""
-    if name not in V2_TASKS:
-        raise UserError(f"{name!r} is not an MMEB-V2 video or visdoc task (one of {', '.join(V2_TASKS)})")
-    if not os.path.isdir(v2_dir):
-        raise UserError(f"v2_dir: {v2_dir} is not a folder")
-    task = V2_TASKS[name]
+    """One MMEB-V2 video or visdoc task (a yaml key of V2_TASKS, or one of v2_dir's own: own_tasks) -> its task dict
+    (the module docstring). A bad row raises UserError naming the task, file and row, or with skip_bad_rows is
+    counted in report["skipped"]."""
+    task = v2_reader(os.fspath(v2_dir), name)
     read = read_video_task if task.family.startswith("VID") else read_visdoc_task
     return read(os.fspath(v2_dir), name, task, skip_bad_rows)
 
 
 def select_v2_tasks(v2_dir, wanted, log=print):
-    """eval.py's v2_tasks (task keys, families, 'video' / 'visdoc'; [] = every scored one found) -> the tasks to
-    score. An English-only ViDoRe v2 run (mmeb_v2.ENGLISH_ONLY) is taken by its exact name only: a family or a
-    modality means the 78. A task named but not in v2_dir is an error naming what it lacks; log says which tasks
-    are half there."""
+    """eval.py's v2_tasks (task keys, families, 'video' / 'visdoc'; [] = every scored one found, v2_dir's own tasks
+    too) -> the tasks to score. An English-only ViDoRe v2 run (mmeb_v2.ENGLISH_ONLY) or one of v2_dir's own tasks
+    (own_tasks) is taken by its exact name only: a family or a modality means the 78. A task named but not in v2_dir
+    is an error naming what it lacks; log says which tasks are half there."""
     present, partial = find_v2_tasks(v2_dir)
-    scored = [n for n in present if V2_TASKS[n].extra.get("scored", True)]
+    own = own_tasks(v2_dir)
+    scored = [n for n in present if n in own or V2_TASKS[n].extra.get("scored", True)]
     for name, lack in partial.items():
         log(f"{name}: not scored, {lack}")
     if not wanted:
@@ -412,7 +410,7 @@ def select_v2_tasks(v2_dir, wanted, log=print):
             group = mmeb_v2.FAMILIES[want]
         elif key in V2_TASKS:
             group = (key,)
-        elif want in mmeb_v2.ENGLISH_ONLY:  # scored apart from the 78, in no mean
+        elif want in mmeb_v2.ENGLISH_ONLY or want in own:  # scored apart from the 78, in no mean
             group = (want,)
         elif key or want == "image" or want in mmeb_v2.FAMILIES:
             raise UserError(f"v2_tasks: {want!r} is an image task or family: the image tasks are read from mmeb_dir")

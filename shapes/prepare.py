@@ -5,6 +5,7 @@ The toy benchmark: rendered shapes in the two layouts PACE reads, small enough f
     python -m shapes.prepare --out_dir=/tmp/shapes --seed=1 --num_train=500 --num_eval=50
     python -m shapes.prepare --pretrain=False                       # the tiny model random, in seconds
     python -m shapes.prepare --force=True                           # again, over a toy already there
+    python -m shapes.prepare --num_media=600                        # more training rows of videos and pages
 
 Like nanoGPT's shakespeare_char: Pillow draws every image, in a few seconds, the same files for the
 same seed. A scene is a 128 x 128 picture of two or three objects, each a colour (6), a shape (5), a
@@ -22,7 +23,10 @@ Written under out_dir (data/shapes/ by default, git-ignored like all of data/):
   candidate 0 the gold one, the others drawn at random from the task's pool; ten datasets:
   Shapes-{CLS, VQA, T2I, I2T, GRD} (in distribution) and the same five with -OOD (their gold answer
   involves an unseen combination).
-- images/: every image; the paths in both files are relative to it.
+- train_video.jsonl, train_docs.jsonl and v2/: the video and document families (shapes/media_tasks.py): shapes
+  that move across 4 frames of 64 x 64, and report pages, as plain-layout training rows and as three evaluation
+  tasks in the layouts of MMEB-V2's MSR-VTT, NExTQA and ViDoRe, which eval.py scores apart (v2/own_tasks.json).
+- images/: every image, video frame and training page; the paths in the training files are relative to it.
 - tiny-qwen3.5/: the command line also writes the tiny Qwen3.5 that config/shapes_*.py start from:
   random (tiny_model.make_tiny_checkpoint, its final norm weight spread by tiny_model.FINAL_NORM_STD, so the
   embedding norms vary across items), then pretrained for about two minutes by captioning the training scenes
@@ -123,6 +127,23 @@ def cell_box(cell, image_size):
     return round(col * side), round(row * side), round((col + 1) * side), round((row + 1) * side)
 
 
+def draw_shape(draw, shape, x, y, radius, fill):
+    """One object on an ImageDraw: its shape centred at (x, y), `radius` pixels from the centre to its edge."""
+    if shape == "circle":
+        draw.ellipse([x - radius, y - radius, x + radius, y + radius], fill=fill)
+    elif shape == "square":
+        r = radius * 0.85
+        draw.rectangle([x - r, y - r, x + r, y + r], fill=fill)
+    elif shape == "triangle":
+        draw.polygon([(x, y - radius), (x - radius, y + radius * 0.8), (x + radius, y + radius * 0.8)], fill=fill)
+    elif shape == "diamond":
+        draw.polygon([(x, y - radius), (x + radius, y), (x, y + radius), (x - radius, y)], fill=fill)
+    else:  # cross
+        arm = radius * 0.35
+        draw.rectangle([x - radius, y - arm, x + radius, y + arm], fill=fill)
+        draw.rectangle([x - arm, y - radius, x + arm, y + radius], fill=fill)
+
+
 def render(scene, rng, image_size, grid=GRID):
     """grid=1 draws a single object over the whole picture (classification images are object-centred)."""
     image = Image.new("RGB", (image_size, image_size), BACKGROUND)
@@ -130,24 +151,10 @@ def render(scene, rng, image_size, grid=GRID):
     side = image_size / grid
     for colour, shape, size, cell in scene:
         row, col = divmod(cell % grid**2, grid)
-        radius = SIZES[size] * side
         jitter = (0.5 - SIZES[size] - 0.02) * side  # the object stays inside its cell
         x = (col + 0.5) * side + rng.uniform(-jitter, jitter)
         y = (row + 0.5) * side + rng.uniform(-jitter, jitter)
-        fill = COLOURS[colour]
-        if shape == "circle":
-            draw.ellipse([x - radius, y - radius, x + radius, y + radius], fill=fill)
-        elif shape == "square":
-            r = radius * 0.85
-            draw.rectangle([x - r, y - r, x + r, y + r], fill=fill)
-        elif shape == "triangle":
-            draw.polygon([(x, y - radius), (x - radius, y + radius * 0.8), (x + radius, y + radius * 0.8)], fill=fill)
-        elif shape == "diamond":
-            draw.polygon([(x, y - radius), (x + radius, y), (x, y + radius), (x - radius, y)], fill=fill)
-        else:  # cross
-            arm = radius * 0.35
-            draw.rectangle([x - radius, y - arm, x + radius, y + arm], fill=fill)
-            draw.rectangle([x - arm, y - radius, x + arm, y + radius], fill=fill)
+        draw_shape(draw, shape, x, y, SIZES[size] * side, COLOURS[colour])
     return image
 
 
@@ -277,14 +284,16 @@ def write_eval(path, examples, num_candidates):
     pq.write_table(pa.table(columns), path)
 
 
-def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, image_size=128):
-    """Write the benchmark under out_dir. -> {"train": train.jsonl, "eval": eval dir, "images": image dir}"""
+def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, image_size=128, num_media=300):
+    """Write the benchmark under out_dir. -> {"train": train.jsonl, "eval": eval dir, "images": image dir,
+    "train_video", "train_docs", "v2": the video and document families' (media_tasks.prepare_media)}"""
+    from shapes import media_tasks  # which draws with this module's shapes
     image_dir, eval_dir = os.path.join(out_dir, "images"), os.path.join(out_dir, "eval")
     num_hard = max(8, num_candidates - 1)  # training rows take up to 8
     if num_train < len(TASKS) * (num_hard + 1) or num_eval < num_hard + 1:
         raise ValueError(f"num_train must be at least {len(TASKS) * (num_hard + 1)} and num_eval at least "
                          f"{num_hard + 1}: a task's hard negatives come from its other scenes")
-    for stale in (image_dir, eval_dir):  # only what this script writes
+    for stale in (image_dir, eval_dir, os.path.join(out_dir, media_tasks.V2_DIR)):  # only what this script writes
         shutil.rmtree(stale, ignore_errors=True)
     os.makedirs(out_dir, exist_ok=True)
 
@@ -301,7 +310,8 @@ def prepare(out_dir, seed=0, num_train=2000, num_eval=100, num_candidates=10, im
             rng = random.Random(f"{seed}/{name}")
             examples = make_examples(task, rng, num_eval, unseen, name, image_dir, image_size, num_hard, False)
             write_eval(os.path.join(eval_dir, name, "test.parquet"), examples, num_candidates)
-    return {"train": os.path.join(out_dir, "train.jsonl"), "eval": eval_dir, "images": image_dir}
+    media = media_tasks.prepare_media(out_dir, image_dir, seed, num_media, num_eval)
+    return {"train": os.path.join(out_dir, "train.jsonl"), "eval": eval_dir, "images": image_dir, **media}
 
 
 # -----------------------------------------------------------------------------
@@ -343,6 +353,7 @@ def already_prepared(out_dir, settings):
 out_dir = DATA_DIR  # where the toy is written (default data/shapes)
 seed = 0  # seeds every picture and row
 num_train = 2000  # training rows, over the five task formats
+num_media = 300  # training rows of videos and pages, 100 a format (long rows: 300 make a step about 11 % dearer)
 num_eval = 100  # queries per evaluation dataset
 num_candidates = 10  # candidates per evaluation query
 image_size = 128  # pixels; 128 = a 2 x 2 grid of 64-pixel cells
@@ -356,8 +367,10 @@ def main(argv=None):
     --force=True writes it again). -> prepare()'s paths"""
     config = configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
     settings = {key: value for key, value in config.items() if key not in ("out_dir", "force")}
+    from shapes.media_tasks import TRAIN_FILES, V2_DIR
     paths = {"train": os.path.join(out_dir, "train.jsonl"), "eval": os.path.join(out_dir, "eval"),
-             "images": os.path.join(out_dir, "images")}
+             "images": os.path.join(out_dir, "images"), "v2": os.path.join(out_dir, V2_DIR),
+             **{f"train_{key}": os.path.join(out_dir, name) for key, name in TRAIN_FILES.items()}}
     if not force and already_prepared(out_dir, settings):
         print(f"{out_dir} already holds this toy (the same settings, every file identical): nothing rewritten; "
               "--force=True writes it again")
@@ -365,8 +378,9 @@ def main(argv=None):
     stamp = os.path.join(out_dir, STAMP)
     if os.path.exists(stamp):
         os.remove(stamp)  # written last: a stopped prepare leaves none
-    paths = prepare(out_dir, seed, num_train, num_eval, num_candidates, image_size)
-    print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets) and {paths['images']}/")
+    paths = prepare(out_dir, seed, num_train, num_eval, num_candidates, image_size, num_media)
+    print(f"wrote {paths['train']}, {paths['eval']}/ (10 datasets), {paths['train_video']}, {paths['train_docs']}, "
+          f"{paths['v2']}/ (3 video and document tasks) and {paths['images']}/")
     if tiny_checkpoint:
         from shapes import pretrain as pretraining
         from shapes.tiny_model import FINAL_NORM_STD, make_tiny_checkpoint
@@ -378,7 +392,8 @@ def main(argv=None):
         print(f"wrote {folder} (random, final norm weight std {spread:g})")
         if pretrain:
             pretraining.pretrain(folder, paths["train"], paths["images"], steps=pretrain_steps or None, seed=seed)
-    written = ["train.jsonl", "eval", "images"] + (["tiny-qwen3.5"] if tiny_checkpoint else [])
+    written = ["train.jsonl", *TRAIN_FILES.values(), "eval", V2_DIR, "images"]
+    written += ["tiny-qwen3.5"] if tiny_checkpoint else []
     write_json(stamp, {"settings": settings, "files": manifest(out_dir, written)})
     return paths
 

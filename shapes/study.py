@@ -24,6 +24,12 @@ norms are 8, so dot / 6.4 matches cos / 0.1 in scale), LoRA at lr 3e-3, full fin
                                 VQA, T2I, I2T 2 to CLS, GRD 1; or equal, in same-source groups of 8 queries
     MRL                         PACE's Stage I, and PACE, with Matryoshka's prefixes 16 and 32 of the 64 dimensions
                                 (--dims=16,32 evaluates every method at those prefixes too)
+    + video and page rows       PACE's Stage I, and PACE (both stages), on the video and page rows
+                                (shapes/media_tasks.py) beside the image rows; every other method reads the image
+                                rows alone (train.jsonl), as the toy did before those families
+
+Every method is evaluated on the toy's video and page tasks too (Shapes-VID-RET, Shapes-VID-QA, Shapes-DOC-RET:
+MMEB-V2's hit@1 and nDCG@5, eval.py's own tasks), so the table says what training on those rows does to them.
 
 Every method trains --start_step + --stage2_steps steps at --batch_size (a Stage I run is that long too; PACE's
 Stage II starts from its checkpoint at --start_step, before Stage I ends, as the paper's does) and is evaluated by
@@ -43,7 +49,8 @@ Written under --out_dir (default out/study):
                                                          beside it, tools/geometry.py's, drawn from them
     seed<S>/*.log, seed<S>/eval/*.log                    each job's output
     results.md, results.json                             P@1 overall / IND / OOD, Pearson r of log norm product vs
-                                                         cosine, mean random-pair cosine: mean +- std over seeds
+                                                         cosine, mean random-pair cosine, the video and page tasks'
+                                                         scores: mean +- std over seeds
     geometry.png                                         the geometry pictures of VLM2Vec, direct dot and PACE
                                                          (the first seed), one row each
     study.json                                           the scale, so a resumed study cannot mix two scales
@@ -61,6 +68,7 @@ from PIL import Image, ImageDraw
 import configurator
 from common import UserError, duration, install_error_hook, replaced_atomically, write_json, write_text
 from configurator import file_values
+from shapes.media_tasks import TASKS as MEDIA_TASKS, TRAIN_FILES, V2_DIR  # the video and page families
 from shapes.prepare import DATA_DIR, ROOT  # the toy's folder, the repository
 
 # the toy's recipe, as its configs set it
@@ -73,6 +81,7 @@ FULL = {"lora_rank": 0, "learning_rate": TOY_II["learning_rate"]}
 FOCAL, PLAIN = {"focal_gamma": 2.0}, {"focal_gamma": 0.0}
 MRL = {"matryoshka_dims": [16, 32]}  # the tiny model's D is 64
 FAMILY_WEIGHTS = {"CLS": 1, "VQA": 2, "T2I": 2, "I2T": 2, "GRD": 1}  # the toy's training families, 400 rows each
+MEDIA = {"media": True}  # the video and page rows (train_video.jsonl, train_docs.jsonl) beside the image rows
 
 STAGE_I = {  # Stage I runs, over config/shapes_stage1.py; PACE's and its variants' Stage II start from them
     "cos_lora_focal": {**COS, **LORA, **FOCAL},  # PACE's Stage I
@@ -84,6 +93,7 @@ STAGE_I = {  # Stage I runs, over config/shapes_stage1.py; PACE's and its varian
     "cos_lora_focal_weighted": {**COS, **LORA, **FOCAL, "sources": FAMILY_WEIGHTS},  # VQA and retrieval weighed 2
     "cos_lora_focal_same": {**COS, **LORA, **FOCAL, "sources": {f: 1 for f in FAMILY_WEIGHTS}, "homogeneous_batch": 8},
     "cos_lora_focal_mrl": {**COS, **LORA, **FOCAL, **MRL},  # Matryoshka's prefixes D/4 and D/2 beside the whole
+    "cos_lora_focal_media": {**COS, **LORA, **FOCAL, **MEDIA},  # PACE's Stage I on the images, videos and pages
 }
 METHODS = {  # name: (label, its Stage I run, its Stage II settings over config/shapes_stage2.py, None: one stage)
     "vlm2vec": ("VLM2Vec (cos, LoRA, InfoNCE)", "cos_lora_plain", None),
@@ -99,11 +109,16 @@ METHODS = {  # name: (label, its Stage I run, its Stage II settings over config/
     "same_source": ("Stage I, same-source groups of 8", "cos_lora_focal_same", None),
     "mrl_stage1": ("Stage I + MRL (16, 32 of 64)", "cos_lora_focal_mrl", None),
     "pace_mrl": ("PACE + MRL, both stages", "cos_lora_focal_mrl", {**DOT, **FULL, **FOCAL, **MRL}),
+    "media_stage1": ("PACE Stage I + video and page rows", "cos_lora_focal_media", None),
+    "media_pace": ("PACE + video and page rows, both stages", "cos_lora_focal_media",
+                   {**DOT, **FULL, **FOCAL, **MEDIA}),
 }
 FIGURE = ("vlm2vec", "direct_dot", "pace")  # cosine training, direct dot training, PACE
 METRICS = (("overall", "P@1 overall", 1), ("IND", "IND", 1), ("OOD", "OOD", 1),
            ("norm_cos_pearson_r", "r(log norm product, cos)", 2), ("r2_2", "R² norm from direction, k=2", 2),
-           ("r2_10", "k=10", 2), ("random_pair_mean_cos", "random-pair cos", 2))
+           ("r2_10", "k=10", 2), ("random_pair_mean_cos", "random-pair cos", 2),
+           ("Shapes-VID-RET", "video retrieval hit@1", 1), ("Shapes-VID-QA", "video QA hit@1", 1),
+           ("Shapes-DOC-RET", "page retrieval nDCG@5", 1))  # the last three: eval.py's own tasks (x 100)
 STARTUP_COST, EVAL_COST = 10, 25  # a process's start and an evaluation take about as long as this many steps
 
 
@@ -152,12 +167,20 @@ def eval_path(out_dir, seed, method):
     return os.path.join(out_dir, f"seed{seed}", "eval", f"{method}.json")
 
 
+def with_media(settings, media):
+    """A run's settings -> train.py's: MEDIA's flag replaced by `media` (the train_data of the image, video and page
+    rows); settings without it as they are."""
+    settings = dict(settings)
+    return {**settings, **media} if settings.pop("media", False) else settings
+
+
 def seed_jobs(seed, args):
     """One seed's jobs, Stage I runs first, then Stage II runs, then evaluations: dicts with name, command, done
     (the file it writes last), needs (files it waits for), cost (for the time left) and log."""
     folder, data = os.path.join(args.out_dir, f"seed{seed}"), lambda name: os.path.join(args.data_dir, name)
     common = {"train_data": [data("train.jsonl")], "image_dir": data("images"), "batch_size": args.batch_size,
               "seed": seed, "threads": 1, "resume": True, "checkpoint_interval": args.start_step}
+    media = {"train_data": common["train_data"] + [data(name) for name in TRAIN_FILES.values()]}  # MEDIA's
     stage1, stage2, evals = {}, {}, []
     for method in args.methods:
         _, recipe, second = METHODS[method]
@@ -165,12 +188,14 @@ def seed_jobs(seed, args):
         if "sources" in settings:  # a mixture: the five families' files, each weighed
             files = {family: os.path.join(args.out_dir, "sources", f"{family}.jsonl") for family in FAMILY_WEIGHTS}
             settings["train_data"] = [{"path": files[f], "weight": w} for f, w in settings.pop("sources").items()]
+        settings = with_media(settings, media)
         stage1[recipe] = train_job(f"seed {seed} Stage I {recipe}", "shapes_stage1.py", final,
                                    args.start_step + args.stage2_steps, {**common, **settings,
                                    "init_from": data("tiny-qwen3.5"), "keep_checkpoints": [args.start_step]})
         if second is not None:
             start = os.path.join(final, f"step_{args.start_step:06d}")
             final = os.path.join(folder, f"stage2_{method}")
+            second = with_media(second, media)
             stage2[method] = train_job(f"seed {seed} Stage II {method}", "shapes_stage2.py", final, args.stage2_steps,
                                        {**common, **second, "init_from": start, "keep_checkpoints": []}, needs=[start])
         for dim in [0] + list(args.dims):  # the whole vector, and each leading dimension asked for
@@ -178,7 +203,8 @@ def seed_jobs(seed, args):
             out = eval_path(args.out_dir, seed, name)
             command = [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"),
                        flag("init_from", os.path.join(final, "export")), flag("mmeb_dir", data("eval")),
-                       flag("image_dir", data("images")), flag("out", out), flag("dim", dim)]
+                       flag("image_dir", data("images")), flag("v2_dir", data(V2_DIR)), flag("out", out),
+                       flag("dim", dim)]
             evals.append({"name": f"seed {seed} eval {name}", "command": command, "done": out,
                           "needs": [os.path.join(final, "export", "pace.json")], "cost": EVAL_COST,
                           "log": os.path.splitext(out)[0] + ".log"})
@@ -236,11 +262,13 @@ def run_jobs(jobs, parallel):
 
 def metrics(result, geometry):
     """eval.py's JSON and tools/geometry.py's -> the table's numbers; None where it has none (r when every norm is
-    the same)."""
-    r2 = geometry.get("norm_from_direction_r2") or {}
+    the same; a video or page task an evaluation did not score). A video or page task's number is its MMEB-V2
+    metric (eval.py's own_v2: the metric each result names) x 100."""
+    r2, own = geometry.get("norm_from_direction_r2") or {}, result.get("own_v2", {})
     return {"overall": result["overall"], "IND": result["IND"], "OOD": result["OOD"],
             "norm_cos_pearson_r": geometry.get("norm_cos_pearson_r"), "r2_2": r2.get("2"), "r2_10": r2.get("10"),
-            "random_pair_mean_cos": geometry.get("random_pair_mean_cos")}
+            "random_pair_mean_cos": geometry.get("random_pair_mean_cos"),
+            **{task: 100 * own[task][own[task]["metric"]] if task in own else None for task in MEDIA_TASKS}}
 
 
 def geometry_of(path):
@@ -288,7 +316,8 @@ def markdown(table, scale):
     """summarise()'s table as Markdown, a line on the scale above it and one on the geometry columns below."""
     lines = [f"Toy study: every method trains {scale['start_step'] + scale['stage2_steps']} steps at batch "
              f"{scale['batch_size']} (a Stage II: {scale['stage2_steps']} from Stage I's step {scale['start_step']}); "
-             "Precision@1 on the ten toy datasets (chance 10); mean ± sample standard deviation over the seeds.", "",
+             "Precision@1 on the ten toy datasets (chance 10), the video and page tasks by MMEB-V2's metrics (chance "
+             "1, 20 and 2.9); mean ± sample standard deviation over the seeds.", "",
              "| method | " + " | ".join(title for _, title, _ in METRICS) + " | seeds |",
              "|---" * (len(METRICS) + 2) + "|"]
     for row in table.values():
@@ -342,7 +371,8 @@ def main(argv=None):
              "data_dir": args.data_dir}
     check_scale(args.out_dir, scale)
     start = time.time()
-    if not all(os.path.exists(os.path.join(args.data_dir, p)) for p in ("train.jsonl", "eval", "tiny-qwen3.5")):
+    if not all(os.path.exists(os.path.join(args.data_dir, p)) for p in ("train.jsonl", *TRAIN_FILES.values(), "eval",
+                                                                       V2_DIR, "tiny-qwen3.5")):
         subprocess.run([sys.executable, "-m", "shapes.prepare", f"--out_dir={args.data_dir}"], cwd=ROOT, check=True)
     family_sources(os.path.join(args.data_dir, "train.jsonl"), os.path.join(args.out_dir, "sources"))
     run_jobs([job for seed in args.seeds for job in seed_jobs(seed, args)], args.parallel)

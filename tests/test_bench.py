@@ -61,8 +61,10 @@ def test_step_flops_count_the_weight_gradients_only_when_fully_finetuning(tiny_c
 
 def check_step_rows(rows, stdout):
     assert [r["name"] for r in rows] == ["Stage I (LoRA, cos)", "Stage I (LoRA, cos) + GradCache",
-                                         "Stage II (full, dot)", "Stage II (full, dot) + GradCache", "Stage II + MRL"]
+                                         "Stage II (full, dot)", "Stage II (full, dot) + GradCache",
+                                         "Stage I, 8-frame videos", "Stage II + MRL"]
     matryoshka = rows.pop()
+    assert rows[-1]["real_tokens"] > rows[0]["real_tokens"]  # the video queries: 8 frames each, longer than images
     assert matryoshka["dims"] == [16, 32] and matryoshka["ratio"] > 0.5  # D/4 and D/2 of the tiny model's 64
     for row in rows:
         assert row["step_s"] > 0 and row["floor_s"] > 0 and row["name"] in stdout

@@ -6,6 +6,7 @@ and its summary is the mean ± std over seeds of what eval.py wrote, with the se
 """
 import json
 import os
+import re
 import types
 
 import pytest
@@ -52,3 +53,14 @@ def test_the_summary_is_the_mean_and_spread_over_seeds_and_the_moves_of_another_
     assert order["losses_equal_steps"] == 2 and order["largest_move"] == pytest.approx(1.0)
     assert order["moved"][spread.CHECKPOINTS[1][0]]["CLS"] == pytest.approx(-0.5)
     assert "Stage I's losses equal for the first 2 logged steps; a figure moves by at most 1.0 points" in text
+
+
+def test_the_readmes_toy_table_gives_every_figure_with_its_spread():
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    rows = [line for line in readme.splitlines() if line.startswith(("| Stage I, step", "| Stage II, step"))]
+    assert len(rows) == len(spread.CHECKPOINTS)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]  # after the checkpoint
+        assert len(cells) >= len(spread.COLUMNS) and all(
+            re.fullmatch(r"\d+\.\d ± \d+\.\d", c) for c in cells), row
+    assert "floating-point order" in readme.lower() and "python -m shapes.spread" in readme

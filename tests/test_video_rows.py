@@ -82,7 +82,7 @@ def test_a_missing_or_empty_video_folder_is_named_or_counted(tmp_path, preproces
     bad = [{"query": "q", "query_video": "gone", "positive": "p"}, {"query": "q", "query_video": "empty", "positive": "p"},
            {"query": "q", "query_video": "clip", "query_image": "clip/frame_1.png", "positive": "p"}]
     path = write_jsonl(tmp_path / "v.jsonl", good + bad)
-    with pytest.raises(UserError, match=rf"v\.jsonl line 4 field 'query_video': video folder not found: .*gone"):
+    with pytest.raises(UserError, match=r"v\.jsonl line 4 field 'query_video': video folder not found: .*gone"):
         table(tmp_path, path, tmp_path)
     _, reports = read_rows(tmp_path, path, tmp_path, skip_bad_rows=True)
     assert reports[0].bad == {"missing video folder": 1, "empty video folder": 1, "image and video": 1}
