@@ -166,7 +166,7 @@ def dot_checkpoint(tiny_checkpoint, tmp_path_factory):
 def toy_args(checkpoint, toy_benchmark, out):
     return ["config/shapes_eval.py", f"--init_from={checkpoint}", f"--mmeb_dir={toy_benchmark['eval']}",
             f"--image_dir={toy_benchmark['images']}", f"--datasets={TOY_DATASETS!r}", f"--out={out}",
-            "--num_workers=0", "--device=cpu", "--geometry_samples=20", "--sheet_queries=2"]
+            "--num_workers=0", "--device=cpu", "--geometry_samples=20", "--sheet_queries=2", "--v2_dir="]
 
 
 @pytest.fixture(scope="module")

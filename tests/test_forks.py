@@ -55,7 +55,7 @@ def test_qwen3_vl_trains_both_stages_evaluates_and_exports(toy, tiny_checkpoints
     out = str(tmp_path / "eval.json")
     result = evaluation.main(["config/shapes_eval.py", f"--init_from={stage2}/export", f"--mmeb_dir={toy['eval']}",
                               f"--image_dir={toy['images']}", f"--out={out}", "--num_workers=0", "--max_pixels=4096",
-                              "--geometry=False"])
+                              "--geometry=False", "--v2_dir="])
     assert len(result["datasets"]) == 10 and all(0 <= r["precision_at_1"] <= 100 for r in result["datasets"].values())
 
 

@@ -371,7 +371,8 @@ def test_unime_v2_training_runs_on_the_judged_rows_and_evaluates(toy, judged, tm
     import eval as evaluation
     evaluated = evaluation.main(["config/shapes_eval.py", f"--init_from={out}/export", f"--image_dir={toy['images']}",
                                  f"--mmeb_dir={toy['root'] / 'shapes' / 'eval'}", f"--out={tmp_path / 'unime.json'}",
-                                 "--datasets=['Shapes-CLS', 'Shapes-T2I']", "--geometry=False", "--num_workers=0"])
+                                 "--datasets=['Shapes-CLS', 'Shapes-T2I']", "--geometry=False", "--num_workers=0",
+                                 "--v2_dir="])
     assert 0 <= evaluated["overall"] <= 100 and evaluated["similarity"] == "cos"  # UniME-V2 ranks by cosine
 
 

@@ -259,7 +259,7 @@ def test_a_checkpoints_fingerprint_follows_its_weights_not_its_place(tiny_checkp
 def test_a_stopped_evaluation_resumes_and_ends_with_the_uninterrupted_json(toy, tmp_path, capsys):
     import eval as evaluation
     args = ["config/shapes_eval.py", f"--init_from={toy['checkpoint']}", f"--mmeb_dir={toy['eval']}",
-            f"--image_dir={toy['images']}", "--num_workers=0", "--geometry_samples=40"]
+            f"--image_dir={toy['images']}", "--num_workers=0", "--geometry_samples=40", "--v2_dir="]
     three = "--datasets=['Shapes-CLS', 'Shapes-VQA', 'Shapes-T2I']"
     straight = evaluation.main(args + [three, f"--out={tmp_path / 'straight.json'}"])
     out = f"--out={tmp_path / 'stopped.json'}"
