@@ -2,7 +2,7 @@
 The README's toy table with its spread: the main job (config/shapes_stage1.py, shapes_stage2.py, shapes_eval.py, as
 the README runs them) over several seeds, each checkpoint of the table evaluated, then mean ± std over the seeds; and
 how far floating-point order moves it: the first seed again at another torch thread count (another summation order,
-as another CPU's kernels have), its figures and its losses set beside the one-thread run's.
+as another CPU's kernels have), its figures and both stages' losses (step by step) set beside the one-thread run's.
 
     python -m shapes.spread                                        # seeds 1337-1339 at 1 thread, seed 1337 at 2
     python -m shapes.spread --seeds="[1337]" --threads="[1]"       # one run of the main job, no spread
@@ -44,7 +44,8 @@ def jobs(seed, count, out, data):
     train = lambda name, config, *args, needs=(): {  # noqa: E731
         "name": f"t{count} s{seed} {name}", "done": os.path.join(stage(name), "export", "pace.json"),
         "command": [sys.executable, "train.py", os.path.join("config", config), *common, *where,
-                    flag("out_dir", stage(name)), *args], "needs": list(needs), "cost": 160, "log": stage(name) + ".log"}
+                    flag("out_dir", stage(name)), *args], "needs": list(needs), "cost": 160,
+        "log": stage(name) + ".log"}
     found = [train("stage1", "shapes_stage1.py", flag("init_from", os.path.join(data, "tiny-qwen3.5"))),
              train("stage2", "shapes_stage2.py", flag("init_from", os.path.join(stage("stage1"), "step_000100")),
                    needs=[os.path.join(stage("stage1"), "step_000100")])]
@@ -71,8 +72,16 @@ def figures(path):
 
 
 def losses(folder):
+    """-> {step: loss} of a train.py out_dir's log.jsonl (a slow run logs extra steps: match them by step)."""
     with open(os.path.join(folder, "log.jsonl")) as f:
-        return [record["loss"] for record in map(json.loads, f) if "loss" in record]
+        return {record["step"]: record["loss"] for record in map(json.loads, f) if "loss" in record}
+
+
+def loss_gap(folder, other):
+    """-> (first step whose losses differ or None, largest |difference|) over the steps both runs logged."""
+    a, b = losses(folder), losses(other)
+    gaps = [(step, abs(a[step] - b[step])) for step in sorted(set(a) & set(b))]
+    return next((step for step, gap in gaps if gap), None), max((gap for _, gap in gaps), default=0.0)
 
 
 def summary(args):
@@ -84,7 +93,8 @@ def summary(args):
     names = list(runs[base, args.seeds[0]][0])
     cell = lambda s: f"{s['mean']:.1f}" + (f" ± {s['std']:.1f}" if s["std"] is not None else "")  # noqa: E731
     lines = [f"The main job over seeds {', '.join(map(str, args.seeds))} at {base} torch thread(s): mean ± sample "
-             "standard deviation", "", "| toy checkpoint | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+             "standard deviation", "", "| toy checkpoint | " + " | ".join(names) + " |",
+             "|---" * (len(names) + 1) + "|"]
     table = {}
     for k, (label, _, _) in enumerate(CHECKPOINTS):
         table[label] = {name: mean_std([runs[base, seed][k][name] for seed in args.seeds]) for name in names}
@@ -92,13 +102,16 @@ def summary(args):
     order = {}
     for count in args.threads[1:]:  # the same seed at another thread count: another floating-point order
         seed, a, b = args.seeds[0], runs[base, args.seeds[0]], runs[count, args.seeds[0]]
-        moved = {label: {name: b[k][name] - a[k][name] for name in names} for k, (label, _, _) in enumerate(CHECKPOINTS)}
-        first, other = (losses(os.path.join(args.out_dir, f"t{c}_s{seed}", "stage1")) for c in (base, count))
-        equal = next((i for i, (x, y) in enumerate(zip(first, other)) if x != y), len(first))
+        moved = {label: {name: b[k][name] - a[k][name] for name in names}
+                 for k, (label, _, _) in enumerate(CHECKPOINTS)}
+        gaps = {stage: loss_gap(*(os.path.join(args.out_dir, f"t{c}_s{seed}", stage) for c in (base, count)))
+                for stage in ("stage1", "stage2")}
         largest = max(abs(v) for row in moved.values() for v in row.values())
-        order[count] = {"moved": moved, "losses_equal_steps": equal, "largest_move": largest}
-        lines += ["", f"Seed {seed} at {count} threads against {base}: Stage I's losses equal for the first {equal} "
-                      f"logged steps; a figure moves by at most {largest:.1f} points (" + "; ".join(
+        order[count] = {"moved": moved, "loss_gaps": gaps, "largest_move": largest}
+        said = lambda stage: (f"differ by at most {gaps[stage][1]:.1e} (first at step {gaps[stage][0]})"  # noqa: E731
+                              if gaps[stage][0] else "are equal")
+        lines += ["", f"Seed {seed} at {count} threads against {base}: Stage I's losses {said('stage1')}, Stage II's "
+                      f"{said('stage2')}; a figure moves by at most {largest:.1f} points (" + "; ".join(
                           f"{label.split(' (')[0]}: " + ", ".join(f"{n} {v:+.1f}" for n, v in row.items())
                           for label, row in moved.items()) + ")"]
     return "\n".join(lines) + "\n", {"seeds": args.seeds, "threads": args.threads, "table": table, "order": order}

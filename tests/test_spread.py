@@ -14,17 +14,19 @@ import pytest
 from shapes import spread
 
 
-def write_run(folder, values, losses):
-    """A finished run's three evaluations (eval.py's JSON: meta-tasks, means, own tasks) and Stage I's log."""
-    os.makedirs(os.path.join(folder, "stage1"))
+def write_run(folder, values, losses, steps):
+    """A finished run's three evaluations (eval.py's JSON: meta-tasks, means, own tasks) and both stages' logs."""
+    os.makedirs(folder)
     for k, v in enumerate(values):
         result = {"meta_tasks": {"Classification": v, "VQA": v + 1, "Retrieval": v + 2, "Visual Grounding": v + 3},
                   "IND": v + 4, "OOD": v + 5, "overall": v + 6,
                   "own_v2": {"Shapes-VID-RET": {"metric": "hit@1", "hit@1": v / 100}}}
         with open(os.path.join(folder, f"eval_{k}.json"), "w") as f:
             json.dump(result, f)
-    with open(os.path.join(folder, "stage1", "log.jsonl"), "w") as f:
-        f.writelines(json.dumps({"step": i + 1, "loss": loss}) + "\n" for i, loss in enumerate(losses))
+    for stage, scale in (("stage1", 1.0), ("stage2", 0.5)):
+        os.makedirs(os.path.join(folder, stage))
+        with open(os.path.join(folder, stage, "log.jsonl"), "w") as f:
+            f.writelines(json.dumps({"step": step, "loss": scale * loss}) + "\n" for step, loss in zip(steps, losses))
 
 
 def test_the_jobs_are_the_main_jobs_commands_at_each_seed_and_thread_count(tmp_path):
@@ -42,17 +44,21 @@ def test_the_jobs_are_the_main_jobs_commands_at_each_seed_and_thread_count(tmp_p
 
 def test_the_summary_is_the_mean_and_spread_over_seeds_and_the_moves_of_another_thread_count(tmp_path):
     for seed, base in ((1, 40.0), (2, 42.0), (3, 44.0)):
-        write_run(str(tmp_path / f"t1_s{seed}"), [base, base + 10, base + 20], [3.0, 2.5, 2.0, 1.9])
-    write_run(str(tmp_path / "t2_s1"), [41.0, 49.5, 60.0], [3.0, 2.5, 2.0001, 1.9])
+        write_run(str(tmp_path / f"t1_s{seed}"), [base, base + 10, base + 20], [3.0, 2.5, 2.0, 1.9],
+                  steps=(1, 3, 5, 7))
+    # the two-thread run logged an extra step 2 (a slow run logs by time too): losses are matched by step
+    write_run(str(tmp_path / "t2_s1"), [41.0, 49.5, 60.0], [3.0, 2.7, 2.5, 2.0001, 1.9], steps=(1, 2, 3, 5, 7))
     text, numbers = spread.summary(types.SimpleNamespace(seeds=[1, 2, 3], threads=[1, 2], out_dir=str(tmp_path)))
     first = numbers["table"][spread.CHECKPOINTS[0][0]]
     assert first["CLS"]["mean"] == pytest.approx(42.0) and first["CLS"]["std"] == pytest.approx(2.0)
     assert first["all"]["mean"] == pytest.approx(48.0) and first["Shapes-VID-RET"]["mean"] == pytest.approx(42.0)
     assert "| Stage II, step 150 | 62.0 ± 2.0 | 63.0 ± 2.0 |" in text
     order = numbers["order"][2]
-    assert order["losses_equal_steps"] == 2 and order["largest_move"] == pytest.approx(1.0)
+    assert order["loss_gaps"]["stage1"] == (5, pytest.approx(1e-4)) and order["largest_move"] == pytest.approx(1.0)
+    assert order["loss_gaps"]["stage2"] == (5, pytest.approx(5e-5))
     assert order["moved"][spread.CHECKPOINTS[1][0]]["CLS"] == pytest.approx(-0.5)
-    assert "Stage I's losses equal for the first 2 logged steps; a figure moves by at most 1.0 points" in text
+    assert ("Stage I's losses differ by at most 1.0e-04 (first at step 5), Stage II's differ by at most 5.0e-05 "
+            "(first at step 5); a figure moves by at most 1.0 points") in text
 
 
 def test_the_readmes_toy_table_gives_every_figure_with_its_spread():
