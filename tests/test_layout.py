@@ -6,6 +6,7 @@ training step, counted by following its imports, stays within its budget, and no
 and file path the README names exists.
 
     python -m pytest -q tests/test_layout.py
+    python -m pytest -q -n 0 -s tests/test_layout.py     # also prints the step's files and lines (one process)
 """
 import ast
 import functools
