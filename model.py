@@ -47,7 +47,7 @@ class Family:  # what differs between backbone families (config.json's model_typ
     linear_attention: bool  # text_config.layer_types mixes in Gated DeltaNet layers (the FLOP count reads them)
 
 
-FAMILIES = {  # a third family: an entry here, a tiny checkpoint in shapes/tiny_model.py; see the README
+FAMILIES = {  # a third family: an entry here, a tiny checkpoint in shapes/tiny_model.py; see docs/forks.md
     # Qwen3_5Tokenizer, not the Qwen2Tokenizer a release names: before transformers 5.18 its split ignored combining marks
     "qwen3_5": Family("Qwen3.5", "Qwen3_5Model", "Qwen3_5Tokenizer", 1.0, True),
     "qwen3_vl": Family("Qwen3-VL", "Qwen3VLModel", "Qwen2Tokenizer", 0.0, False),

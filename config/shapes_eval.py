@@ -2,13 +2,13 @@
 # on its video and document tasks (Shapes-VID-RET, Shapes-VID-QA, Shapes-DOC-RET: in MMEB-V2's layouts, scored apart).
 #   python -m shapes.prepare && python train.py config/shapes_stage1.py && python train.py config/shapes_stage2.py
 #   python eval.py config/shapes_eval.py                                          # the Stage II export
-#   python eval.py config/shapes_eval.py --init_from=out/shapes_stage1/step_000100  # or any step folder
+#   python eval.py config/shapes_eval.py --init_from=out/shapes_stage1/step_000100 --out=out/step100.json
 # similarity is left '' so each checkpoint is ranked the way it was trained: cos for Stage I, dot for Stage II.
 init_from = "out/shapes_stage2/export"
 mmeb_dir = "data/shapes/eval"
 image_dir = "data/shapes/images"
 v2_dir = "data/shapes/v2"  # the toy's own tasks in MMEB-V2's layouts (v2/own_tasks.json; shapes/media_tasks.py)
-out = "out/shapes_eval.json"  # and out/shapes_eval_geometry.png
+out = "out/shapes_eval.json"  # give another --out for another checkpoint; its picture: python -m tools.geometry OUT
 batch_size = 32
 max_pixels = 128 * 192  # as in training (config/shapes_stage1.py): images and pages whole
 max_length = 512

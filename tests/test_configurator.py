@@ -192,13 +192,14 @@ def train_defaults():
 
 def test_help_prints_every_key_its_default_and_comment(capsys):
     import eval as evaluation
-    from shapes import prepare
+    from shapes import prepare, spread
     from tools import plot, search
     helps = {}
     for main, command, line in ((evaluation.main, "python eval.py", r"^batch_size += 16  # items per forward pass$"),
                                 (search.main, "python -m tools.search", r"^top_k += 5  # results per query"),
                                 (plot.main, "python -m tools.plot", r"^paths += \[\]"),
-                                (prepare.main, "python -m shapes.prepare", r"^num_train += 2000")):
+                                (prepare.main, "python -m shapes.prepare", r"^num_train += 2000"),
+                                (spread.main, "python -m shapes.spread", r"^seeds += \[1337, 1338, 1339\]  # train")):
         with pytest.raises(SystemExit) as done:
             main(["--help"])
         out = helps[command] = capsys.readouterr().out

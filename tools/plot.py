@@ -4,7 +4,8 @@ diagnostics of tools/geometry.py and the retrieval sheets of eval.py and tools/s
 returns a matplotlib Figure; save() writes it as a PNG, atomically, and closes it.
 
     python -m tools.plot out/shapes_stage1 out/shapes_stage2  # out/curves_shapes_stage1+shapes_stage2.png (--out=PATH)
-    python -m tools.plot out/shapes_eval.json                 # out/shapes_eval_sheet_<dataset>.png, one a dataset
+    python -m tools.plot out/shapes_sheet.json                # out/shapes_sheet_sheet_<dataset>.png, one a dataset
+                                                              # (an eval.py JSON written with --sheet_queries=N)
 
 training_curves: the CURVES panels of log.jsonl against step, also of a run still going; several run folders
 continue one another (Stage II from a step folder of Stage I), a dashed line where each later one begins. A NaN or
