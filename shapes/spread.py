@@ -118,9 +118,7 @@ def summary(args):
 
 
 def main(argv=None):
-    keys = ("__doc__", "__file__", "seeds", "threads", "out_dir", "data_dir", "parallel")  # --help: the doc, the keys
-    args = configurator.configure({k: v for k, v in globals().items() if k in keys},
-                                  sys.argv[1:] if argv is None else argv)
+    args = configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
     args = types.SimpleNamespace(**args)
     if not os.path.isfile(os.path.join(args.data_dir, "train_docs.jsonl")):
         subprocess.run([sys.executable, "-m", "shapes.prepare", f"--out_dir={args.data_dir}"], cwd=ROOT, check=True)
