@@ -26,6 +26,7 @@ import os
 import torch
 import torch.nn as nn
 
+import deltanet
 import loss
 from common import Progress, UserError, write_json
 from media import IMAGE_MARKER, VIDEO_MARKER, Vision, frame_choice, image_size, load_image, video_frames, visual_name
@@ -347,6 +348,8 @@ class Embedder(nn.Module):
         super().__init__()
         self.model, self.preprocessor, self.model.config.use_cache = model, preprocessor, False
         self.model.visual.requires_grad_(False)  # frozen in both stages (paper, Appendix A.1)
+        if self.family.linear_attention:  # Qwen3.5's Gated DeltaNet layers: fla's kernels where right, else ours
+            deltanet.bind()
         # (3, 256) float32 on the model's device: each byte's pixel value, exactly as the processor computes it
         self.register_buffer("pixel_table", preprocessor.vision["image"].pixel_table(), persistent=False)
         self.register_buffer("video_pixel_table", preprocessor.vision["video"].pixel_table(), persistent=False)

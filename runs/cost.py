@@ -1,13 +1,15 @@
 """
 runs/cost.py: what a training step costs and which kernels run it, for the MFU of train.py's log and the bench: a
-step's useful FLOPs, a GPU's dense bf16 peak, and the Gated DeltaNet and causal-conv1d code transformers binds.
+step's useful FLOPs, a GPU's dense bf16 peak, and the code that runs the Gated DeltaNet and its causal conv1d.
 
     mfu = step_flops(embedder, chunks, full_finetune=False) / seconds / peak_flops(device)
-    print(kernel_report(device))   # 'kernels: Gated DeltaNet flash-linear-attention, ...'
+    print(kernel_report(device))   # 'kernels: Gated DeltaNet: forward fla 0.6.0, backward ...; causal conv1d ...'
 """
 import importlib
 
 import torch
+
+import deltanet
 
 
 # dense bf16 peak FLOP/s per GPU, matched against torch.cuda.get_device_name() in order (the first match wins)
@@ -50,22 +52,15 @@ def step_flops(embedder, chunks, full_finetune):
 
 
 def kernel_report(device):
-    """One line: which Gated DeltaNet and causal-conv1d code transformers' qwen3_5 runs. It binds them once, when
-    its modeling file is imported: the function from flash-linear-attention (fla) and causal_conv1d if those import,
-    else its reference PyTorch code; the same import look-up here gives the same answer. On a CPU the reference code
-    is the only one there is; on a GPU it is right but slow: pip install -r requirements-gpu.txt."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401 - binds the kernels on import
-
-    def bound(module, names):
-        try:
-            module = importlib.import_module(module)
-            return all(getattr(module, name, None) is not None for name in names)
-        except Exception:  # noqa: BLE001 - transformers treats every import failure as "not installed"
-            return False
-    fla = bound("fla.ops.gated_delta_rule", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
-    conv = bound("causal_conv1d", ["causal_conv1d_fn", "causal_conv1d_update"])
-    where = ("as expected on a CPU" if device.type == "cpu"
-             else "slow on a GPU: pip install -r requirements-gpu.txt; on Hopper fla needs triton >= 3.7.1")
-    return (f"kernels: Gated DeltaNet {'flash-linear-attention' if fla else 'PyTorch reference'}, causal conv1d "
-            f"{'causal_conv1d' if conv else 'PyTorch reference (F.conv1d)'}"
-            + ("" if fla and conv else f" ({where})"))
+    """One line: which code runs Qwen3.5's Gated DeltaNet (deltanet.paths: fla's kernels where they are right, else
+    deltanet.py's PyTorch rule) and its causal conv1d (transformers binds causal_conv1d where it imports, else
+    F.conv1d, one cuDNN call a layer on a GPU)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: F401 - binds causal_conv1d on import
+    try:
+        conv = all(getattr(importlib.import_module("causal_conv1d"), name, None) is not None
+                   for name in ("causal_conv1d_fn", "causal_conv1d_update"))
+    except Exception:  # noqa: BLE001 - transformers treats every import failure as "not installed"
+        conv = False
+    norm = "fla's fused kernel" if deltanet.fused_norm_on(device) else "transformers' ops"
+    return (f"kernels: {deltanet.paths(device).line}; gated RMSNorm {norm}; causal conv1d "
+            f"{'causal_conv1d' if conv else 'F.conv1d'}")
