@@ -4,6 +4,7 @@ bench/bench.py: PACE's speed against the floor. One script, one table (in the sp
     python -m bench.bench                                  # CPU: tiny Qwen3.5 + toy data, about two minutes
     python -m bench.bench --sections=padding               # one section only (here: seconds)
     python -m bench.bench --sections=startup               # reading and checking 200,000 rows in the real layout
+    python -m bench.bench --sections=gdn                   # the Gated DeltaNet's rule: ours against transformers'
     python -m bench.bench --fsdp=True                      # the step through FSDP2, as train.py runs on 8 GPUs
     python -m bench.bench --shape=qwen3.5-0.8b             # GPU: random weights in the real shapes, the paper's batch
     python -m bench.bench --shape=qwen3.5-2b --out=bench/out/2b.json --compare=bench/out/2b_before.json
@@ -32,6 +33,9 @@ round, so the machine's speed and its drift cancel out.
    training starts at once on it as two ranks (plain, then a weighted mixture of its subsets in same-source groups):
    seconds and private memory before the first step, the file pages mapped (shared); then --check_data=True on the
    cached table (seconds grow with the image files, --startup_images); extrapolated to 2.03M rows and 300k videos.
+8. gdn (not in the default sections; first where asked for): one Gated DeltaNet layer's rule, deltanet.py's against
+   transformers' (and fla's on a GPU), time, error and ops per layer; then both stages' steps under each path, and
+   the profiler's ten costliest ops of one step (bench/gdn.py; with --out, also into <out>_profile.txt).
 On a GPU the step rows add tokens/s, MFU (runs/cost.py) and peak memory; the header says which Gated DeltaNet kernels
 run. --fsdp=True shards both stages' models in a one-rank process group (gloo on CPU, NCCL on CUDA) with
 train_step.fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs (step and cut).
@@ -52,7 +56,7 @@ import common
 import data
 import loss
 import train_step
-from bench import startup, synthetic  # the data, models and cuts measured on
+from bench import gdn, startup, synthetic  # the data, models and cuts measured on; the Gated DeltaNet's section
 from bench.timing import Results, attempt, clock, paired_ratio, side_by_side
 from configurator import configure
 from model import Preprocessor
@@ -79,7 +83,7 @@ threads = 1  # torch threads on a CPU run: one keeps timings steady; OpenMP barr
 eval_items = 512  # items Embedder.encode is timed on (a seeded sample; the dedup factor counts them all)
 iters = 10  # timed rounds per figure (median)
 warmup = 2  # untimed rounds first
-sections = "step,padding,cut,lora,data,eval"  # which figures to measure, comma-separated (also: startup)
+sections = "step,padding,cut,lora,data,eval"  # which figures to measure, comma-separated (also: startup, gdn)
 seed = 0  # seeds the synthetic data
 out = ""  # also write the results as JSON here (rewritten after every row: a run cut short keeps what it did)
 compare = ""  # a previous --out JSON: ratios more than 10 % worse than there are flagged REGRESSION
@@ -421,6 +425,14 @@ def main():
     batches = {False: synthetic.collate(embedder.preprocessor, items[:batch_size], micro_batch),  # without GradCache
                True: synthetic.collate(embedder.preprocessor, items[:grad_cache_batch], grad_cache_chunk)}  # with it
 
+    if "gdn" in wanted:  # the layer's rule, then each stage's plain step by path (first: the GPU run's main figures)
+        gdn.measure_layers(results, run_device, ptdtype, min(iters, 3), min(warmup, 1))
+        steps, (chunks, real, _) = [], batch_tokens(batches[False])
+        for stage, (name, optimizer, step) in enumerate(stages):  # Stage II fine-tunes the whole language model
+            steps.append((name, functools.partial(train_step_once, step[False], optimizer, batches[False]), real,
+                          step_flops(step[False]["embedder"], chunks, stage == 1)))
+        gdn.measure_step_paths(results, steps, run_device, iters, warmup, peak_flops(run_device),
+                               out.removesuffix(".json") + "_profile.txt" if out else "")
     if "step" in wanted:  # and a batch of video queries, LLaVA-Hound's caption retrieval
         video = synthetic.video_items(embedder.preprocessor, batch_size, num_hard_negatives, seed)
         measure_steps(results, stages, batches, synthetic.collate(embedder.preprocessor, video, micro_batch))

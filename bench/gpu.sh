@@ -1,74 +1,92 @@
 #!/usr/bin/env bash
-# bench/gpu.sh: bench.py's GPU half in one go on a fresh H100 / H200 machine, at most 8 minutes in all.
+# bench/gpu.sh: the GPU run in one command on a fresh H100 / H200 machine, at most 8 minutes in all.
 #
-#   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/gpu.sh               # from the repository root
-#   BENCH_COMMIT=$(git rev-parse --short HEAD) bash bench/gpu.sh --fallback    # 0.8B only, no fla: at most 4 minutes
+#   bash bench/gpu.sh              # every Gated DeltaNet path checked, then 0.8B and 2B on the fastest right one
+#   bash bench/gpu.sh --fallback   # 0.8B alone on deltanet.py's PyTorch path, nothing unpacked: at most 4 minutes
+#   bash bench/gpu.sh --dry-run    # print the flow and each step's time limit, run nothing (any machine)
 #
-# Writes 7 files into $OUT (bench/out when unset): environment.txt (GPU, driver, /dev/shm, software, the fla
-# check), then <run>.txt and <run>.json for qwen3.5-0.8b, qwen3.5-0.8b-fsdp (train.py's 8-GPU code path, FSDP2,
-# on one rank) and qwen3.5-2b. Each run has its own time limit (`timeout`) and bench.py rewrites its JSON after
-# every row, so a run cut short keeps the rows it finished. Nothing is fetched: the machine's python3 (torch,
-# triton, einops, transformers) runs it, with the wheels found in bench/out/wheels installed offline into
-# /tmp/pace_wheels and put on PYTHONPATH. Fetch them beforehand where there is network (requirements-gpu.txt):
-#
-#   python3 -m pip download --no-deps --only-binary=:all: -d bench/out/wheels -r requirements-gpu.txt
-#
-# fla (flash-linear-attention's Gated DeltaNet kernels) stays only if bench/fla_check.py finds its forward and
-# backward equal to transformers' PyTorch reference at Qwen3.5's head shape; else it is removed and transformers'
-# fallback runs. The tables' kernels line says which ran. --fallback skips the wheels (transformers' PyTorch
-# kernels, nothing to compile) and runs 0.8B alone with fewer rounds: for a machine where the full run failed.
+# Before: `bash bench/wheels.sh` where pip has network makes bench/out/gpu_site.tar.xz (fla-core, tilelang,
+# flash-qla, transformers 5.24: what the machine lacks, at most 64 MiB); the device call carries it.
+# Set BENCH_COMMIT=$(git rev-parse --short HEAD) where the copy has no .git. Writes into $OUT (bench/gpu_<date>
+# when unset): environment.txt (GPU, software, the check's table), fla_check.txt, path.env (the winner's
+# environment), and for each shape <shape>.txt, <shape>.json (rewritten after every row: a run cut short keeps
+# what it did) and <shape>_profile.txt (the profiler's ten costliest ops of one step of each stage).
+#   1. unpack the archive into /tmp/pace_site, on PYTHONPATH from then on;
+#   2. bench/fla_check.py: each path (flash-qla, fla with TileLang, fla's Triton alone, fla's forward with
+#      deltanet.py's backward, deltanet.py's) against transformers' reference, in processes side by side; the
+#      fastest that agrees forward and backward is exported (PACE_DELTANET, FLA_FLASH_QLA, FLA_TILELANG, and
+#      PACE_FUSED_NORM=0 where fla's fused gated norm disagrees);
+#   3. 0.8B: section gdn (a layer's rule by path; Stage I's and Stage II's steps on deltanet.py's path, on the
+#      chosen one and on it with the gated norm unfused: tokens/s, MFU, peak memory, the profile), then section step
+#      (every step row over its floor);
+#   4. 2B: section gdn.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench/out}
-SITE=/tmp/pace_wheels
+MODE=${1:-}
+OUT=${OUT:-bench/gpu_$(date -u +%Y-%m-%d)}
+SITE=/tmp/pace_site
+ARCHIVE=bench/out/gpu_site.tar.xz
 PY=$(command -v python3 || command -v python)
-FALLBACK=$([ "${1:-}" = "--fallback" ] && echo 1 || echo 0)
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
+UNPACK="import shutil, sys, tarfile; shutil.rmtree(sys.argv[2], ignore_errors=True); \
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data'); print('unpacked', *sys.argv[1:])"
+LIMITS=0  # the sum of the steps' time limits, for the dry run
 
-machine() {
-  date -u +"%Y-%m-%d %H:%M UTC"
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
-  echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-  df -h /dev/shm  # DataLoader workers hand their batches over through it
-}
-
-install_wheels() {  # into $SITE, afresh; then fla is checked, and removed if it fails the check
-  rm -rf "$SITE"
-  "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" bench/out/wheels/*.whl
-  if [ -d "$SITE/fla" ] && ! PYTHONPATH=$SITE timeout 100 "$PY" bench/fla_check.py 2>&1 | tail -3; then
-    echo "fla: the check failed or disagreed (above): removed, transformers' PyTorch fallback runs"
-    rm -rf "$SITE"/fla "$SITE"/fla_core-*
+step() {  # seconds, name, command...: run it under its time limit, its output into $OUT/<name>.txt
+  local seconds=$1 name=$2
+  shift 2
+  LIMITS=$((LIMITS + seconds))
+  if [ "$MODE" = "--dry-run" ]; then
+    echo "[${seconds} s] $name: $*"
+    return 0
   fi
+  timeout "$seconds" "$@" 2>&1 | grep --line-buffered -v -e "Warning" -e "warnings.warn" | tee "$OUT/$name.txt"
+  echo "exit status ${PIPESTATUS[0]} (124: cut at $seconds s)" | tee -a "$OUT/$name.txt"
 }
 
-machine 2>&1 | tee "$OUT/environment.txt"
-if [ "$FALLBACK" = 0 ] && ls bench/out/wheels/*.whl >/dev/null 2>&1; then
-  install_wheels 2>&1 | tee -a "$OUT/environment.txt"
+bench() {  # seconds, shape, bench.py flags: one shape's rows
+  step "$1" "$2" "$PY" -m bench.bench --shape="$2" --out="$OUT/$2.json" --num_workers="$WORKERS" "${@:3}"
+}
+
+[ "$MODE" = "--dry-run" ] || mkdir -p "$OUT"
+if [ "$MODE" != "--dry-run" ]; then
+  {
+    date -u +"%Y-%m-%d %H:%M UTC"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+    df -h /dev/shm  # DataLoader workers hand their batches over through it
+  } 2>&1 | tee "$OUT/environment.txt"
 fi
-[ "$FALLBACK" = 0 ] && [ -d "$SITE" ] && export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c 'import importlib.util as u, sys, torch, transformers
-print(f"python {sys.version.split()[0]} | torch {torch.__version__} (CUDA {torch.version.cuda}) | transformers",
-      transformers.__version__, "| importable:", {m: u.find_spec(m) is not None for m in ("fla", "causal_conv1d")})' \
-  2>&1 | tee -a "$OUT/environment.txt"
 # 8 DataLoader workers (config/stage1.py) where /dev/shm has room for their batches, else loading in-process
 SHM_MB=$(df -m --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
 WORKERS=$([ "${SHM_MB:-0}" -ge 4096 ] 2>/dev/null && echo 8 || echo 0)
-echo "/dev/shm: ${SHM_MB:-?} MB free -> --num_workers=$WORKERS" | tee -a "$OUT/environment.txt"
 
-run() {  # name, time limit in seconds, bench.py flags
-  timeout "$2" "$PY" -m bench.bench --out="$OUT/$1.json" --num_workers="$WORKERS" "${@:3}" 2>&1 \
-    | grep --line-buffered -v -e "Warning" -e "warnings.warn" | tee "$OUT/$1.txt"
-  echo "exit status ${PIPESTATUS[0]} (124: cut at $2 s)" | tee -a "$OUT/$1.txt"
-}
-
-# The paper's batch (32 queries, 5 hard negatives a GPU) and GradCache at one GPU's share of the global 1,024 on
-# 8 GPUs (128 queries); the FSDP2 run and 2B take fewer rounds and a GradCache batch of 64 to fit the time.
-if [ "$FALLBACK" = 1 ]; then
-  run qwen3.5-0.8b 140 --shape=qwen3.5-0.8b --sections=step,cut --iters=2 --warmup=1 --grad_cache_batch=64
-  run qwen3.5-0.8b-fsdp 70 --shape=qwen3.5-0.8b --fsdp=True --sections=step --iters=2 --warmup=1 --grad_cache_batch=32
-else
-  run qwen3.5-0.8b 170 --shape=qwen3.5-0.8b --sections=step,cut,lora,data,eval --iters=3 --warmup=1
-  run qwen3.5-0.8b-fsdp 80 --shape=qwen3.5-0.8b --fsdp=True --sections=step --iters=2 --warmup=1 --grad_cache_batch=64
-  run qwen3.5-2b 120 --shape=qwen3.5-2b --sections=step,lora --iters=2 --warmup=1 --grad_cache_batch=64
+if [ "$MODE" = "--fallback" ]; then
+  export PACE_DELTANET=pytorch
+  bench 200 qwen3.5-0.8b --sections=gdn,step --iters=2 --warmup=1 --grad_cache_batch=64
+  exit 0
 fi
+if [ -f "$ARCHIVE" ] || [ "$MODE" = "--dry-run" ]; then
+  step 40 unpack "$PY" -c "$UNPACK" "$ARCHIVE" "$SITE"
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+else
+  echo "no $ARCHIVE (bash bench/wheels.sh makes it): only the machine's packages" | tee -a "$OUT/environment.txt"
+fi
+[ "$MODE" = "--dry-run" ] || "$PY" -c 'import importlib.util as u, sys, torch, triton, transformers
+print(f"python {sys.version.split()[0]} | torch {torch.__version__} (CUDA {torch.version.cuda}) | triton",
+      triton.__version__, "| transformers", transformers.__version__, "| importable:",
+      {m: u.find_spec(m) is not None for m in ("fla", "tilelang", "flash_qla", "causal_conv1d")})' \
+  2>&1 | tee -a "$OUT/environment.txt"
+
+step 140 fla_check "$PY" -m bench.fla_check --timeout=125 --env_out="$OUT/path.env"
+if [ -f "$OUT/path.env" ]; then
+  . "$OUT/path.env"
+else
+  export PACE_DELTANET=pytorch  # no path agreed or the check did not finish: deltanet.py's own
+fi
+[ "$MODE" = "--dry-run" ] || echo "training path: PACE_DELTANET=${PACE_DELTANET:-auto}" | tee -a "$OUT/environment.txt"
+
+bench 170 qwen3.5-0.8b --sections=gdn,step --iters=2 --warmup=1 --grad_cache_batch=64
+bench 120 qwen3.5-2b --sections=gdn --iters=2 --warmup=1
+[ "$MODE" = "--dry-run" ] && echo "time limits: $LIMITS s in all (the machine gives 480 s to this run)"
+exit 0

@@ -1,10 +1,15 @@
 """bench/bench.py: the padding arithmetic and its goal on the MMEB-shaped mix, the FLOP count it reports, its one-rank
 FSDP2 mode end to end (a subprocess, tiny sizes), the start-up figures on a synthetic download
-in mmE5's layout, and bench/fla_check.py's comparison on a CPU."""
+in mmE5's layout, bench/fla_check.py's comparison and choice on a CPU, section gdn's rows, and bench/gpu.sh's flow
+(its dry run)."""
 import json
+import os
+import re
+import subprocess
 import sys
 
 import pytest
+import torch
 
 import lora
 from bench import bench, fla_check, synthetic
@@ -106,3 +111,88 @@ def test_fla_check_passes_a_second_reference_and_fails_a_wrong_one():
         assert max(fla_check.check(recurrent, "cpu", tokens=70).values()) <= fla_check.TOLERANCE
         wrong = fla_check.check(lambda q, k, v, **args: recurrent(q, k, -v, **args), "cpu", tokens=70)
     assert wrong["output"] > 1 and wrong["grad v"] > 1
+
+
+def test_gdn_layer_rows_give_ratio_error_and_a_fifth_of_the_launches(monkeypatch):
+    from bench import gdn
+    from bench.timing import Results
+    monkeypatch.setattr(gdn, "SHAPES", ((1, 70),))  # a partial chunk; the ops are counted at 2 x 4,096 on meta
+    results = Results()
+    gdn.measure_layers(results, torch.device("cpu"), torch.float32, iters=1, warmup=0)
+    layer, ops = results.data["gdn"]
+    assert layer["name"] == "1 x 70" and layer["transformers"]["ratio"] == 1.0 and layer["pytorch"]["ratio"] > 0
+    assert layer["pytorch"]["largest_error"] < 1e-5 and layer["pytorch"]["largest_error_of"] in gdn.NAMES
+    assert ops["share"] == ops["pytorch"] / ops["transformers"] <= 0.2 and ops["transformers"] > 2000
+
+
+def test_gdn_step_rows_run_each_path_and_restore_the_environment(monkeypatch, tmp_path):
+    from bench import gdn
+    from bench.timing import Results
+    import deltanet
+    monkeypatch.delenv("PACE_DELTANET", raising=False)
+    seen = []
+    steps = [(name, lambda: seen.append(deltanet.paths(torch.device("cpu")).forward), 1000, 1e9)
+             for name in ("Stage I", "Stage II")]
+    results = Results()
+    gdn.measure_step_paths(results, steps, torch.device("cpu"), iters=1, warmup=0, profile=str(tmp_path / "p.txt"))
+    assert [row["name"] for row in results.data["gdn"]] == ["Stage I by path", "Stage II by path"]
+    assert {"transformers", "pytorch"} <= set(seen) and "PACE_DELTANET" not in os.environ
+    assert results.data["gdn"][0]["pytorch"]["tokens_per_s"] > 0
+    assert (tmp_path / "p.txt").read_text().count("costliest ops") == 2
+
+
+def test_fla_check_takes_the_fastest_path_that_agrees():
+    right = {"agrees": True, "forward_agrees": True}
+    results = [{"path": "flash-qla", "agrees": False, "forward_agrees": True, "forward_backward_ms": 1.0},
+               {"path": "fla+tilelang", **right, "forward_backward_ms": 3.0},
+               {"path": "fla_forward", **right, "forward_backward_ms": 2.0},
+               {"path": "pytorch", **right, "forward_backward_ms": 9.0}]
+    assert fla_check.fastest(results)["path"] == "fla_forward"  # flash-qla is faster, but wrong
+    assert fla_check.fastest([{"path": "pytorch", **right}])["path"] == "pytorch"  # nothing timed: a CPU
+    assert fla_check.fastest([dict(r, agrees=False) for r in results]) is None
+
+
+@pytest.mark.slow
+def test_fla_check_on_a_cpu_checks_deltanets_path_in_its_own_process(tmp_path):
+    env_out = tmp_path / "path.env"
+    code, output = run_process([sys.executable, "-m", "bench.fla_check", "--tokens=70", f"--env_out={env_out}"],
+                               env=rank_env())
+    assert code == 0, output[-3000:]
+    assert re.search(r"pytorch +agrees +forward alone \d", output) and "fla  " in output
+    assert output.count("not tried: no CUDA device") == len(fla_check.CHECKS) - 1
+    assert env_out.read_text() == "export PACE_DELTANET=pytorch\n"
+
+
+def test_gpu_sh_dry_run_shows_its_flow_within_the_machines_time():
+    from configurator import config_keys
+    result = subprocess.run(["bash", "bench/gpu.sh", "--dry-run"], capture_output=True, text=True, timeout=60,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr
+    steps = re.findall(r"^\[(\d+) s\] ([\w.-]+): (.*)$", result.stdout, re.M)
+    assert [name for _, name, _ in steps] == ["unpack", "fla_check", "qwen3.5-0.8b", "qwen3.5-2b"]
+    assert sum(int(seconds) for seconds, _, _ in steps) <= 480  # 8 minutes of the machine's 15
+    keys = {"bench.bench": config_keys(vars(bench)), "bench.fla_check": config_keys(vars(fla_check))}
+    for _, name, command in steps[1:]:  # every flag is a key of the script it is given to
+        script = re.search(r"-m (bench\.\w+)", command).group(1)
+        flags = dict(re.findall(r"--(\w+)=(\S*)", command))
+        assert set(flags) <= set(keys[script]), (name, set(flags) - set(keys[script]))
+        if script == "bench.bench":
+            assert flags["shape"] in synthetic.SHAPES and "gdn" in flags["sections"].split(",")
+
+
+def test_fla_check_compares_the_fused_gated_norm_and_catches_a_wrong_one(monkeypatch):
+    import deltanet
+
+    def fused(x, g, weight, bias, activation, eps):  # fla's rms_norm_gated as documented, in float32
+        assert bias is None and activation == "swish"
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight * torch.nn.functional.silu(g.float())
+        return y.to(x.dtype)
+    monkeypatch.setattr(deltanet, "fused_norm_on", lambda device: True)
+    monkeypatch.setattr(deltanet, "fla_gated_norm", lambda: fused)
+    errors = fla_check.check_norm(torch.device("cpu"), tokens=8)
+    assert set(errors) == {"output", "grad x", "grad gate", "grad weight"}
+    assert max(errors.values()) <= fla_check.TOLERANCE
+    monkeypatch.setattr(deltanet, "fla_gated_norm", lambda: lambda x, g, weight, bias, **kw: fused(x, g, weight, bias,
+                                                                                                  **kw) * 1.1)
+    assert fla_check.check_norm(torch.device("cpu"), tokens=8)["output"] > fla_check.TOLERANCE
