@@ -2,7 +2,7 @@
 # bench/wheels.sh: what the GPU machine lacks, as one archive of at most 64 MiB, made on any machine where pip
 # reaches the package registry (a CPU is enough: nothing is built or imported).
 #
-#   bash bench/wheels.sh            # -> bench/out/gpu_site.tar.xz, about 56 MiB (a few minutes: xz on every core)
+#   bash bench/wheels.sh            # -> bench/out/gpu_site.tar.xz, about 48 MiB (a few minutes: xz on every core)
 #
 # The GPU machine has python 3.12, torch 2.11 with triton 3.6, transformers 5.17, einops, numpy, tqdm and nvcc, and
 # no network. The archive brings the rest, as cp312 manylinux wheels installed into one folder with --no-deps (the
