@@ -139,6 +139,13 @@ class Progress:
               + (f", ~{duration(left)} left" if self.done < self.total else ""), flush=True)
 
 
+def library_help(doc, args):
+    """What a library module says when run as a script (python -m folder.module --help): its docstring, which says
+    what it is and what runs it; exit 0 for --help, 2 for anything else."""
+    print(doc.strip())
+    sys.exit(0 if set(args) <= {"--help", "-h"} else 2)
+
+
 def install_error_hook():
     """Make an uncaught UserError (also one re-raised from a DataLoader worker) end the run with `error: message`
     and nothing else; every other error keeps its traceback. PACE_TRACEBACK=1 keeps them all."""

@@ -14,11 +14,13 @@ against transformers' own (and fla's, on a GPU where it imports), then the train
    by side; on a GPU with tokens/s, MFU and peak memory; then the profiler's ten costliest ops of one step of each.
 """
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import common
 import deltanet
 from bench.timing import paired_ratio, side_by_side
 
@@ -176,3 +178,7 @@ def top_ops(name, step, device, count=10):
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return (f"{name}: one step's {count} costliest ops by {sort}\n"
             + profiler.key_averages().table(sort_by=sort, row_limit=count, max_name_column_width=60))
+
+
+if __name__ == "__main__":  # a library: it says what it is and what runs it
+    common.library_help(__doc__, sys.argv[1:])

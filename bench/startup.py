@@ -23,6 +23,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import common
 import data
 from media import IMAGE_MARKER
 from readers import mmeb
@@ -205,7 +206,9 @@ def startup_figures(num_rows, num_negatives, seed, images_per_subset=1000, ranks
             "paper_table_gb": scale * conversion["table_bytes"] / 2**30}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # bench.py's worker processes; by hand, it says what it is
+    if sys.argv[1:2] not in (["convert"], ["check"], ["start"]):
+        common.library_help(__doc__, sys.argv[1:])
     if sys.argv[1] == "convert":
         measure_conversion(*sys.argv[2:5])
     elif sys.argv[1] == "check":

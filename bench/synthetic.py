@@ -8,6 +8,7 @@ stages' models; a one-rank torchrun environment; the toy data loaded; the batche
     item = mix_item(rows, preprocessor, seed=0, i=0)                             # row 0 as a TrainDataset item
     embedder = random_embedder("qwen3.5-0.8b", preprocessor, torch.device("cuda"))
     batch = collate(preprocessor, items, 32, CUTS["sorted, equal chunks"])      # collate_train under the simple rule
+    python -m bench.bench --shape=qwen3.5-0.8b                                   # what measures on them
 """
 import contextlib
 import copy
@@ -18,11 +19,13 @@ import math
 import os
 import random
 import socket
+import sys
 
 import numpy as np
 import torch
 from PIL import Image
 
+import common
 import data
 import lora
 from media import VIDEO_MARKER, smart_resize
@@ -287,3 +290,7 @@ def collate(preprocessor, items, max_items, cut=data.split_by_length):
 
 # -----------------------------------------------------------------------------
 # a download in mmE5's layout, for the start-up figures
+
+
+if __name__ == "__main__":  # a library: it says what it is and what runs it
+    common.library_help(__doc__, sys.argv[1:])

@@ -4,9 +4,11 @@ ratio the median of each round's; the rows printed and written as JSON after eac
 
     times, medians = side_by_side({"step": step, "floor": floor}, device, rounds=10, warm=2)
     ratio = paired_ratio(times["step"], times["floor"])
+    python -m bench.bench --out=bench/out/new.json --compare=bench/out/old.json     # its Results, compared
 """
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -71,3 +73,7 @@ def attempt(results, section, name, measure, *args):
         message = "out of memory: " + str(error).splitlines()[0][:120]
     torch.cuda.empty_cache()  # outside the except block, so the failed measurement's tensors are released first
     results.add(section, {"name": name, "error": message}, f"  {name:<32} {message}")
+
+
+if __name__ == "__main__":  # a library: it says what it is and what runs it
+    common.library_help(__doc__, sys.argv[1:])

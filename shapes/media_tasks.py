@@ -1,7 +1,8 @@
 """
-The toy's video and document families: shapes that move across a few frames, and pages about shapes, written for
-training as plain-layout rows (readers/records.py) and for evaluation in the on-disk layouts of three of MMEB-V2's
-tasks, which eval.py reads with those tasks' own parsers and scores by their metrics, apart from MMEB-V2's means.
+shapes/media_tasks.py: the toy's video and document families: shapes that move across a few frames, and pages about
+shapes, written for training as plain-layout rows (readers/records.py) and for evaluation in the on-disk layouts of
+three of MMEB-V2's tasks, which eval.py reads with those tasks' own parsers and scores by their metrics, apart from
+MMEB-V2's means.
 
     python -m shapes.prepare                                   # writes these with the rest of the toy
     python -m shapes.prepare --num_media=600                   # more training rows of these families
@@ -43,11 +44,13 @@ import io
 import json
 import os
 import random
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont
 
+import common
 from readers.mmeb_v2_data import (OWN_TASKS, PAGE_QUERY, PAGE_TARGET, RETRIEVAL, VIDEO_TARGET, prompt, qa_prompt,
                                   with_options)
 from shapes.prepare import BACKGROUND, CELLS, COLOURS, SEEN, draw_shape, random_scene, render
@@ -314,3 +317,7 @@ def prepare_media(out_dir, image_dir, seed=0, num_train=300, num_eval=100):
     with open(os.path.join(v2_dir, OWN_TASKS), "w", encoding="utf-8") as f:
         json.dump(TASKS, f, indent=1)
     return {"train_video": paths["video"], "train_docs": paths["docs"], "v2": v2_dir}
+
+
+if __name__ == "__main__":  # a library: it says what it is and what runs it
+    common.library_help(__doc__, sys.argv[1:])

@@ -1,5 +1,6 @@
 """
-tiny_model.py: a tiny random Qwen3.5 (or Qwen3-VL) in the file layout of a real release, for the toy and the tests.
+shapes/tiny_model.py: a tiny random Qwen3.5 (or Qwen3-VL) in the file layout of a real release, for the toy and
+the tests.
 
     python -m shapes.prepare                          # writes data/shapes/tiny-qwen3.5 with the toy data
     from shapes.tiny_model import make_tiny_checkpoint
@@ -27,8 +28,11 @@ the evaluation items a coefficient of variation of 0.0009), so the spread is set
 """
 import json
 import os
+import sys
 
 import torch
+
+import common
 
 FINAL_NORM_STD = 0.15  # the toy's spread of the final norm's weight w (the gain is 1 + w); see above
 
@@ -144,3 +148,7 @@ def _update_json(path, **values):
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+if __name__ == "__main__":  # a library: it says what it is and what runs it
+    common.library_help(__doc__, sys.argv[1:])

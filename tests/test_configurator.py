@@ -211,18 +211,21 @@ def test_help_prints_every_key_its_default_and_comment(capsys):
 
 
 @pytest.mark.slow
-def test_every_module_of_tools_answers_help_without_a_traceback():
-    # a script prints its keys; a library module (the judge) says what it is and what runs it; the mteb wrapper needs
-    # mteb only to run, not to say how
-    modules = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, 'tools')) if name.endswith('.py')
-                     and name != '__init__.py')
-    assert {'judge', 'mteb_model'} < set(modules)
-    for name in modules:
-        run = subprocess.run([sys.executable, '-m', f'tools.{name}', '--help'], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120)
-        assert run.returncode == 0 and 'Traceback' not in run.stderr, (name, run.stderr[-2000:])
-        assert run.stdout.startswith(f'tools/{name}.py: '), (name, run.stdout[:200])
-        assert f'python -m tools.{"mine" if name == "judge" else name}' in run.stdout, name
+def test_every_module_of_the_folders_scripts_answers_help_without_a_traceback():
+    # a script prints its keys; a library module (the judge, the tiny model, the bench's helpers) says what it is and
+    # what runs it; the mteb wrapper needs mteb only to run, not to say how. All at once: a process each.
+    modules = [f'{folder}.{name[:-3]}' for folder in ('tools', 'shapes', 'bench')
+               for name in sorted(os.listdir(os.path.join(ROOT, folder))) if name.endswith('.py') and name != '__init__.py']
+    assert {'tools.judge', 'tools.mteb_model', 'shapes.tiny_model', 'bench.startup'} < set(modules)
+    runs = {name: subprocess.Popen([sys.executable, '-m', name, '--help'], cwd=ROOT, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for name in modules}
+    for name, run in runs.items():
+        stdout, stderr = run.communicate(timeout=240)
+        assert run.returncode == 0 and 'Traceback' not in stderr, (name, stderr[-2000:])
+        assert stdout.startswith(f'{name.replace(".", "/")}.py: ') or name in ('shapes.prepare', 'shapes.spread',
+                                                                             'shapes.study'), (name, stdout[:200])
+        script = 'tools.mine' if name == 'tools.judge' else name
+        assert f'python -m {script}' in stdout or name.startswith(('shapes.', 'bench.')) and 'python' in stdout, name
 
 
 @pytest.mark.parametrize('name', TRAIN_CONFIGS)

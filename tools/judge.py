@@ -169,5 +169,4 @@ def wait_for_chunks(files, timeout_minutes, poll_seconds=2.0):
 
 
 if __name__ == "__main__":  # a library of tools/mine.py: it says what it is and how it runs
-    print(__doc__.strip())
-    sys.exit(0 if set(sys.argv[1:]) <= {"--help", "-h"} else 2)
+    common.library_help(__doc__, sys.argv[1:])
