@@ -30,6 +30,18 @@ class UserError(ValueError):
     A ValueError, so code that catches bad values catches it too."""
 
 
+def refusals(*checks):
+    """Each (check, *args) run -> the messages of the UserErrors they raise: what --check_data reports of the checks
+    a run makes before its first step, the very functions the run calls."""
+    found = []
+    for check, *args in checks:
+        try:
+            check(*args)
+        except UserError as error:
+            found.append(str(error))
+    return found
+
+
 # -----------------------------------------------------------------------------
 # the process and its device
 

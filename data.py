@@ -186,6 +186,19 @@ class TrainDataset(torch.utils.data.Dataset):
 # -----------------------------------------------------------------------------
 # the sampler
 
+def check_batch(batch_size, world_size, group=0):
+    """What a batch must split into, said with the values that would do: batch_size queries evenly over the ranks,
+    and each rank's share into same-source groups of `group` (homogeneous_batch). train.py and --check_data ask."""
+    if batch_size % world_size:
+        raise UserError(f"batch_size={batch_size} must split evenly over {world_size} ranks: a multiple of "
+                        f"{world_size}, such as {batch_size - batch_size % world_size or world_size}")
+    per_rank = batch_size // world_size
+    if group and per_rank % group:
+        valid = [n for n in range(1, per_rank + 1) if per_rank % n == 0]
+        raise UserError(f"homogeneous_batch={group} does not divide a rank's {per_rank} queries (batch_size="
+                        f"{batch_size} over {world_size} ranks): use one of {', '.join(map(str, valid))}")
+
+
 class ShardedBatchSampler:
     """Yields this rank's share (batch_size / world_size indices) of each global batch, forever: epoch e is
     numpy.random.default_rng([seed, e]).permutation(num_rows) cut into num_rows // batch_size global batches (the
@@ -193,8 +206,7 @@ class ShardedBatchSampler:
     batches consumed, which the loop advances itself; batches do not depend on world_size (resume on other ranks)."""
 
     def __init__(self, num_rows, batch_size, rank=0, world_size=1, seed=0):
-        if batch_size % world_size:
-            raise UserError(f"batch_size {batch_size} is not a multiple of world_size {world_size}")
+        check_batch(batch_size, world_size)
         if num_rows < batch_size:
             raise UserError(f"{num_rows} rows cannot fill one batch of {batch_size}")
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
@@ -237,10 +249,8 @@ class MixtureSampler(ShardedBatchSampler):
     def __init__(self, sources, batch_size, rank=0, world_size=1, seed=0, group=0):
         self.rows = [np.concatenate([np.arange(a, b) for a, b in s["ranges"]]) for s in sources]  # each (R_s,)
         super().__init__(sum(map(len, self.rows)), batch_size, rank, world_size, seed)
+        check_batch(batch_size, world_size, group)
         per_rank = batch_size // world_size
-        if group and per_rank % group:
-            raise UserError(f"homogeneous_batch={group} does not divide a rank's {per_rank} queries "
-                            f"(batch_size={batch_size} over {world_size} ranks)")
         weights = np.array([s["weight"] for s in sources], dtype=np.float64)
         self.probabilities, self.group = weights / weights.sum(), group
         self.draws = per_rank // group if group else batch_size  # sources drawn a step, alike on every rank

@@ -119,16 +119,21 @@ table = data.TrainTable(readers.prepared_table(train_data, image_dir, table_dir,
                                                allow_any_image_path))
 if check_data:  # the table's name covers its row files, not their images: each looked up again (seconds)
     table.subsets = readers.subsets_on_disk(table)
-problems = readers.problems(table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, soft_labels == "judge")
+problems = readers.image_dir_problems(train_data, image_dir, table.subsets) + readers.problems(
+    table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, soft_labels == "judge")
 if len(table) < batch_size:
     problems.append(f"{len(table):,} usable rows cannot fill one batch of {batch_size}")
 sources = readers.mixture(train_data, image_dir, table.subsets, homogeneous_batch)  # None: rows drawn uniformly
-if check_data:  # --check_data=True: no model, no process group; every problem named, then a verdict
-    configurator.print_config(config)
+if check_data:  # --check_data=True: no model, no process group; what the run would meet before step 1, a verdict
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; a plain --check_data=True checks one process
+    problems += common.refusals((data.check_batch, batch_size, ranks, homogeneous_batch),
+                                (check_checkpoint, init_from),
+                                (outdir.refuse_mixing, out_dir, not (resume or export_only), overwrite))
     print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])
                     + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
+    configurator.print_config(config)
     bad, usable = (sum(sum(s[key].values()) for s in table.subsets) for key in ("bad", "files"))
-    print(f"check_data: {len(table.subsets)} subsets, {usable:,} usable rows, {bad:,} bad; " + (
+    print(f"check_data: {len(table.subsets)} subsets, {usable:,} usable rows, {bad:,} bad, on {ranks} rank(s); " + (
         "the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
     sys.exit(1 if problems else 0)
 if problems:
@@ -138,8 +143,7 @@ rank, local_rank, world_size, run_device = common.compute_init(device, timeout_m
 master, distributed = rank == 0, world_size > 1
 if not master:
     sys.stdout = open(os.devnull, "w")  # rank 0 speaks for all; every rank's errors still reach stderr
-if batch_size % world_size:
-    raise UserError(f"batch_size={batch_size} must split evenly over {world_size} ranks")
+data.check_batch(batch_size, world_size, homogeneous_batch)  # before the model: --check_data asks the same
 ptdtype = getattr(torch, dtype)
 if threads:
     torch.set_num_threads(threads)
@@ -155,7 +159,8 @@ earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overw
 if master:
     outdir.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])))
+    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])
+                    + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
 barrier()
 resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None, rank,
                                   world_size)

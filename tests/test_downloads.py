@@ -137,7 +137,7 @@ def test_an_image_that_left_only_its_macos_companion_is_missing(tmp_path):
     assert "VisDial_image_1_pos.jpg" in reports[0].examples["missing image"]
 
 
-def test_training_on_an_out_of_distribution_evaluation_set_is_refused_unless_allowed(tmp_path):
+def test_training_on_an_out_of_distribution_evaluation_set_is_refused_unless_allowed(tmp_path, tiny_checkpoint):
     early = downloads.mmeb_train(str(tmp_path), names=downloads.TRAIN_NAMES + downloads.EARLY_TRAIN_NAMES, rows=2)
     with pytest.raises(UserError, match=r"FashionIQ: rows of FashionIQ, one of MMEB's 16 out-of-distribution.*"
                                         r"allow_eval_datasets=True"):
@@ -147,27 +147,28 @@ def test_training_on_an_out_of_distribution_evaluation_set_is_refused_unless_all
     assert leaks == ["FashionIQ", "ImageNet-A", "ImageNet-R", "ScienceQA", "Visual7W-Pointing"]  # CIFAR-100: not MMEB's
     assert "LEAK: FashionIQ is one of MMEB's out-of-distribution evaluation datasets" in said(reports)
     code, output = python("train.py", f"--train_data={early}", f"--image_dir={early}", "--check_data=True",
-                          "--batch_size=4", f"--table_dir={tmp_path / 'tables'}")
+                          "--batch_size=4", f"--table_dir={tmp_path / 'tables'}", f"--init_from={tiny_checkpoint}",
+                          f"--out_dir={tmp_path / 'out'}")
     assert code == 1 and "would NOT start" in output and re.search(r"FashionIQ: rows of FashionIQ.*"
                                                                    r"allow_eval_datasets=True", output)
 
 
-def test_check_data_names_an_image_deleted_after_the_conversion(tmp_path):
+def test_check_data_names_an_image_deleted_after_the_conversion(tmp_path, tiny_checkpoint):
     rows = downloads.plain_rows(str(tmp_path), rows=260)  # every odd row's query is photos/0.jpg
     folder = os.path.dirname(rows)
     image = os.path.join(folder, "photos", "0.jpg")
     args = ("train.py", f"--train_data={rows}", f"--image_dir={folder}", "--check_data=True", "--batch_size=4",
-            f"--table_dir={tmp_path / 'tables'}")
+            f"--table_dir={tmp_path / 'tables'}", f"--init_from={tiny_checkpoint}", f"--out_dir={tmp_path / 'out'}")
     code, output = python(*args)
-    assert code == 0 and "260 usable rows, 0 bad; the run would start" in output, output[-3000:]
+    assert code == 0 and "260 usable rows, 0 bad, on 1 rank(s); the run would start" in output, output[-3000:]
     os.remove(image)  # the table's name does not change: the next start finds it cached
     code, output = python(*args)
     assert code == 1 and "data: converting" not in output, output[-3000:]
     assert f"{rows}: 130 bad rows, e.g. {rows} line 2 field 'query_image': image not found: {image}" in output
-    assert "130 usable rows, 130 bad; the run would NOT start" in output
+    assert "130 usable rows, 130 bad, on 1 rank(s); the run would NOT start" in output
     code, output = python(*args, "--skip_bad_rows=True")
     assert code == 0 and "bad rows: 130 missing image" in output, output[-3000:]
-    assert "130 usable rows, 130 bad; the run would start" in output
+    assert "130 usable rows, 130 bad, on 1 rank(s); the run would start" in output
 
 
 # -----------------------------------------------------------------------------
@@ -236,9 +237,11 @@ def readme_data_commands():
             if line.strip().startswith(("python train.py", "python eval.py")) and "--check_data=True" in line]
 
 
-def test_the_readmes_data_commands_work_on_the_layouts_it_describes(tmp_path):
+def test_the_readmes_data_commands_work_on_the_layouts_it_describes(tmp_path, tiny_checkpoint):
     commands = readme_data_commands()
     assert len(commands) >= 4, commands
+    os.makedirs(tmp_path / "models")  # the backbone where train.py's default looks: --check_data checks it too
+    os.symlink(tiny_checkpoint, tmp_path / "models" / "Qwen3.5-0.8B-Base")
     downloads.mme5(str(tmp_path), rows=10)  # 270 rows: the paper's batch of 256 fits
     downloads.mmeb_train(str(tmp_path), rows=13)
     downloads.plain_rows(str(tmp_path), rows=260)  # your own rows, in the plain layout

@@ -233,6 +233,28 @@ def test_a_resume_of_a_finished_run_changes_nothing(toy, straight, tmp_path):
     assert before == {name: os.path.getmtime(os.path.join(out, name)) for name in before}
 
 
+@slow
+def test_check_data_refuses_what_the_run_refuses_before_its_first_step_in_the_same_words(toy, straight, tmp_path):
+    earlier = str(tmp_path / "earlier")
+    shutil.copytree(straight[0], earlier)
+    failures = [  # (out_dir, arguments, the refusal both must print)
+        (str(tmp_path / "groups"), ["--homogeneous_batch=3"],
+         "homogeneous_batch=3 does not divide a rank's 8 queries (batch_size=8 over 1 ranks): use one of 1, 2, 4, 8"),
+        (str(tmp_path / "missing"), ["--init_from=no/such/backbone"], "'no/such/backbone' does not exist"),
+        (earlier, [], f"{earlier} holds an earlier run (step_000002, step_000004, export)")]
+    for out, args, refusal in failures:
+        code, check = launch(toy, out, *args, "--check_data=True")
+        assert code == 1 and "the run would NOT start" in check and refusal in check, check[-3000:]
+        assert check.index("check_data:") > check.index("init_from"), "the resolved config comes before the verdict"
+        code, run = launch(toy, out, *args, "--max_iters=1")
+        assert code != 0 and refusal in run and "step 1" not in run, run[-3000:]
+    code, check = launch(toy, str(tmp_path / "fine"), "--homogeneous_batch=4", "--check_data=True")
+    assert code == 0 and "on 1 rank(s); the run would start" in check, check[-3000:]
+    assert check.index("mixture: 1 sources") < check.index("init_from") < check.index("check_data:")
+    code, run = launch(toy, str(tmp_path / "fine"), "--homogeneous_batch=4", "--max_iters=1")
+    assert code == 0 and run.index("mixture: 1 sources, same-source groups of 4") < run.index("step 1"), run[-3000:]
+
+
 # -----------------------------------------------------------------------------
 # the step, in this process
 
