@@ -20,8 +20,9 @@ called. UPPER_CASE names are constants, never keys; modules, functions and class
 ending in .py is a config file; a script that takes paths (tools/plot.py's run folders) names the list key they
 go to (positional=...). Unlike nanoGPT's configurator, a file or flag that names an unknown key fails
 (suggesting the closest, or the keys it abbreviates: --lr), `--learning_rate=1` is accepted for a float default, and
-one bare value of a list key is a one-item list (`--train_data=data/x.jsonl`). The forms people type work too: a
-bare boolean flag (`--resume`), true / false in any case, and `--key value` with a space. A key a script has given up names what to run now (the
+one bare value of a list key is a one-item list (`--train_data=data/x.jsonl`), of a key whose default is the empty
+tuple a one-item tuple (`--matryoshka_dims=16`). The forms people type work too: a bare boolean flag (`--resume`),
+true / false in any case, and `--key value` with a space. A key a script has given up names what to run now (the
 script's MOVED: {key: what to run}). Every mistake is a common.UserError, which the scripts print as one line.
 """
 import ast
@@ -36,7 +37,7 @@ import types
 from common import UserError
 
 CONFIG_TYPES = (type(None), bool, int, float, str, list, tuple, dict)
-EXAMPLES = {bool: "True or False", int: "32", float: "2e-05", list: "['a', 'b']", tuple: "(0.9, 0.999)",
+EXAMPLES = {bool: "True or False", int: "32", float: "2e-05", list: "['a', 'b']", tuple: "(16, 32)",
             dict: "{'key': 1}"}
 
 
@@ -59,7 +60,7 @@ def unknown_key_message(key, keys, source, moved=None):
 def type_hint(key, default):
     """'key expects int, e.g. --key=32 (default 16)': what a key takes, for an error message."""
     kind = type(default)
-    example = EXAMPLES.get(kind)
+    example = repr(default).replace(" ", "") if kind is tuple and default else EXAMPLES.get(kind)  # (0.9,0.999)
     return f"{key} expects {kind.__name__}" + (f", e.g. --{key}={example}" if example else "") + f" (default {default!r})"
 
 
@@ -101,6 +102,8 @@ def parse_flag(arg, config, moved=None):
         return key, text  # --run_name=2024 is the string '2024'
     if isinstance(default, list) and not isinstance(value, (list, tuple)):
         return key, [value]  # --train_data='data/x.jsonl' or a dict entry
+    if default == () and not isinstance(value, (list, tuple)):
+        return key, (value,)  # --matryoshka_dims=16: a tuple of any length, here one item
     return key, value
 
 

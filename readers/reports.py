@@ -71,7 +71,7 @@ class SourceReport:
     def lines(self, num_hard_negatives=None, video_frames=None):
         names = ", ".join(os.path.basename(f) for f in self.files) or "-"
         lines = [f"data: {self.subset}: {self.rows:,} rows from {names} (split {self.split}; dataset "
-                 f"{self.dataset or 'not one of MMEB'}, layout {self.layout})"]
+                 f"{self.dataset or 'not one of MMEB'}, layout {self.layout or 'unknown: no row read'})"]
         if self.negatives:
             low, middle, high = self.negative_range()
             line = (f"  negatives per row before the fill: min {low}, median {middle}, max {high}; "

@@ -35,6 +35,7 @@ a cached table without looking at its images (one gone since is named, or skippe
 --check_data=True looks every one up again (subsets_on_disk) and counts a row whose image is gone as the
 conversion would have.
 """
+import difflib
 import hashlib
 import json
 import os
@@ -72,9 +73,12 @@ def train_entries(train_data, image_dir):
         if isinstance(entry, (str, os.PathLike)):
             entry = {"path": entry}
         if not isinstance(entry, dict) or "path" not in entry or set(entry) - keys:
+            unknown = sorted(set(entry) - keys) if isinstance(entry, dict) else []
+            close = {key: difflib.get_close_matches(key, sorted(keys), n=1) for key in unknown}
+            hint = "".join(f"; {key!r}: did you mean {near[0]!r}?" for key, near in close.items() if near)
             raise UserError(f"train_data entry {entry!r}: expected a path, or a dict with 'path' and optionally "
                             "'image_dir', 'max_rows', 'weight', 'parser' and 'data_mode', e.g. {'path': "
-                            "'data/MMEB-train/VisDial', 'max_rows': 50000, 'weight': 0.5}")
+                            f"'data/MMEB-train/VisDial', 'max_rows': 50000, 'weight': 0.5}}{hint}")
         weight, parser, mode = entry.get("weight"), entry.get("parser"), entry.get("data_mode")
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0):
             raise UserError(f"train_data entry {entry['path']!r}: weight must be a positive number, got {weight!r}")
@@ -308,6 +312,20 @@ def record_batch(columns):
 # -----------------------------------------------------------------------------
 # what a run makes of the reports
 
+def image_dir_problems(train_data, image_dir, subsets):
+    """A train_data entry whose image_dir does not exist while its rows name images or videos: said as that, ahead
+    of the rows it made bad. -> ['...: image_dir ... does not exist ...', ...]"""
+    found = []
+    for k, entry in enumerate(train_entries(train_data, image_dir)):
+        missing = sum(s["bad"].get(reason, 0) for s in subsets if s["entry"] == k
+                      for reason in ("missing image", "missing video folder"))
+        if missing and not os.path.isdir(entry["image_dir"]):
+            found.append(f"{entry['path']}: image_dir {entry['image_dir']!r} does not exist, so the images and videos "
+                         f"of {missing:,} rows, named relative to it, are missing: pass --image_dir=<the folder they "
+                         "are under> (or the entry's 'image_dir')" + relative_hint(entry["image_dir"]))
+    return found
+
+
 def problems(subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets=False, judged=False):
     """Why a run with these settings would not start on a table whose subsets' reports are `subsets` (dicts, as
     data.TrainTable.subsets holds them): ['subset: problem', ...], [] when it would."""
@@ -326,7 +344,8 @@ def checked_table(train_data, image_dir, table_dir="data/tables", num_hard_negat
     with these settings would have with it (problems). -> data.TrainTable"""
     table = data.TrainTable(prepared_table(train_data, image_dir, table_dir, train_split, instructions,
                                            allow_any_image_path))
-    found = problems(table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, judged)
+    found = image_dir_problems(train_data, image_dir, table.subsets) + problems(
+        table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, judged)
     if found:
         raise UserError("train_data: " + "; ".join(found))
     return table

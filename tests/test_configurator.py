@@ -142,8 +142,15 @@ def test_list_and_tuple_values_keep_the_default_type():
     config = configure(script_globals(), ["--eval_datasets=['C', 'D', 'E']", '--betas=[0.8,0.9]'])
     assert config['eval_datasets'] == ['C', 'D', 'E']
     assert config['betas'] == (0.8, 0.9)
-    with pytest.raises(UserError):
-        configure(script_globals(), ['--betas=7'])
+    with pytest.raises(UserError, match=r"--betas=7: betas expects tuple, e\.g\. --betas=\(0\.9,0\.999\) "):
+        configure(script_globals(), ['--betas=7'])  # a fixed-length tuple: its example is its default
+
+
+def test_one_bare_value_of_an_empty_tuple_key_is_a_one_item_tuple(tmp_path):  # --matryoshka_dims=16
+    assert configure(dict(script_globals(), dims=()), ['--dims=16'])['dims'] == (16,)
+    assert configure(dict(script_globals(), dims=()), ['--dims=[16, 32]'])['dims'] == (16, 32)
+    with pytest.raises(UserError, match=r"dims expects tuple, e\.g\. --dims=\(16, 32\) \(default \(\)\), got int"):
+        configure(dict(script_globals(), dims=()), [write(tmp_path, 'dims = 16\n')])  # a file says what it means
 
 
 def test_one_bare_value_of_a_list_key_is_a_one_item_list():

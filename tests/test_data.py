@@ -120,6 +120,8 @@ def test_fill_and_cut(tmp_path):
         read_rows(tmp_path, lonely, str(tmp_path), num_hard_negatives=2)
     with pytest.raises(UserError, match=r"train_data entry \('x', 3\): expected a path, or a dict"):
         read_rows(tmp_path, [("x", 3)], str(tmp_path))
+    with pytest.raises(UserError, match=r"'weight': 0.5\}; 'wieght': did you mean 'weight'\?$"):  # a misspelt key
+        read_rows(tmp_path, [{"path": main, "wieght": 3, "zzz": 1}], str(tmp_path))
 
 
 def test_image_marker_never_reaches_the_tokens(tmp_path, preprocessor):
@@ -698,3 +700,20 @@ def test_a_scalar_negative_is_one_text_unless_it_is_a_list_of_strings(tmp_path):
     assert list_field({"neg_text": "['', 'a']"}, "neg_text") == ["", "a"]  # mmE5's literal
     assert list_field({"neg_text": '["b", null]'}, "neg_text") == ["b", ""]  # JSON
     assert list_field({"neg_text": "[]"}, "neg_text") == []
+
+
+def test_an_image_dir_that_does_not_exist_is_said_as_that_not_only_as_bad_rows(tmp_path):
+    from readers.reports import SourceReport
+    save_image(tmp_path / "a.png")
+    path = write_jsonl(tmp_path / "t.jsonl", [record(i, qry_image_path="a.png") for i in range(4)])
+    wrong = str(tmp_path / "no_such_folder")
+    for skip in (False, True):  # skipping bad rows does not hide a folder that is not there
+        with pytest.raises(UserError, match=rf"^train_data: {re.escape(path)}: image_dir '{re.escape(wrong)}' does not "
+                                            r"exist, so the images and videos of 4 rows, named relative to it, are "
+                                            r"missing: pass --image_dir="):
+            read_rows(tmp_path / str(skip), path, wrong, skip_bad_rows=skip)
+    text_only = write_jsonl(tmp_path / "text.jsonl", [record(i) for i in range(4)])
+    rows, reports = read_rows(tmp_path, text_only, wrong)  # rows without images need no image_dir
+    assert len(rows) == 4 and not reports[0].bad
+    nothing = SourceReport("x.jsonl", "", "(a file)")  # a source no row was read from names no layout
+    assert nothing.lines()[0].endswith("layout unknown: no row read)")

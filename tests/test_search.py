@@ -204,6 +204,9 @@ def test_each_mistake_is_an_error_naming_what_is_wrong(search_toy, indexed, tmp_
     narrow = write_tensors(tmp_path / "narrow.safetensors", {"vectors": torch.zeros(2, 32)},
                            {"items": items, "similarity": "cos", "init_from": "/elsewhere/export", "fingerprint": "x",
                             "sha256": search.vectors_checksum(torch.zeros(2, 32))})
+    wide = write_tensors(tmp_path / "wide.safetensors", {"vectors": torch.zeros(2, 96)},  # wider than the model
+                         {"items": items, "similarity": "cos", "init_from": "/elsewhere/export", "fingerprint": "x",
+                          "sha256": search.vectors_checksum(torch.zeros(2, 96))})
     nan = torch.zeros(2, 64)
     nan[1, 3] = math.nan  # a NaN vector would rank first
     not_finite = write_tensors(tmp_path / "nan.safetensors", {"vectors": nan}, {
@@ -229,7 +232,11 @@ def test_each_mistake_is_an_error_naming_what_is_wrong(search_toy, indexed, tmp_
          f"no vectors file '{missing}.safetensors'"),
         (str(empty), vectors, ["--query_text=a red circle"], UserError, f"'{empty}' is neither a Hugging Face"),
         (search_toy["export"], narrow, ["--query_text=a red circle"], ValueError,
-         f"{narrow} holds vectors of dimension 32 made by /elsewhere/export; {search_toy['export']} makes 64"),
+         f"{narrow} holds vectors of dimension 32 made by /elsewhere/export; {search_toy['export']} makes 64 here: "
+         "query with --dim=32, the dimension it was indexed at"),
+        (search_toy["export"], wide, ["--query_text=a red circle"], ValueError,
+         f"{wide} holds vectors of dimension 96 made by /elsewhere/export; {search_toy['export']} makes 64 here: "
+         "index again with it"),
         (search_toy["export"], plain, ["--query_text=a red circle"], UserError, f"{plain} was not written by tools/search.py"),
         (search_toy["export"], not_finite, ["--query_text=a red circle"], UserError, "1 vectors are not finite, e.g. item 'b'"),
         (search_toy["export"], changed, ["--query_text=a red circle"], UserError,

@@ -41,7 +41,7 @@ from common import UserError
 from media import IMAGE_MARKER
 from readers.records import IMAGE_SUFFIXES, is_junk
 from runs.checkpoint import fingerprint
-from runs.export import load_for_inference
+from runs.export import dim_line, load_for_inference
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
@@ -239,9 +239,12 @@ def stored_similarity(stored, embedder, vectors_path, init_from, checkpoint_id, 
     """The similarity to rank a vectors file by: this checkpoint's, when the file was indexed with it; for another
     checkpoint's vectors a UserError, or with allow_other_checkpoint the similarity they were indexed for."""
     stored_vectors, _, metadata = stored
-    if stored_vectors.shape[1] != embedder.dim:
-        raise UserError(f"{vectors_path} holds vectors of dimension {stored_vectors.shape[1]} made by "
-                        f"{metadata['init_from']}; {init_from} makes {embedder.dim}: index again with it")
+    stored_dim, width = stored_vectors.shape[1], embedder.model.config.text_config.hidden_size
+    if stored_dim != embedder.dim:
+        fix = (f"query with --dim={stored_dim}, the dimension it was indexed at" if stored_dim <= width else
+               "index again with it")
+        raise UserError(f"{vectors_path} holds vectors of dimension {stored_dim} made by {metadata['init_from']}; "
+                        f"{init_from} makes {embedder.dim} here: {fix}")
     if metadata["fingerprint"] == checkpoint_id:
         return embedder.spec.similarity
     if not allow_other_checkpoint:
@@ -300,6 +303,7 @@ def main(argv=None):
     run_device = common.compute_init(device)[3]
     embedder, _ = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
                                      similarity=similarity, dim=dim)
+    print(dim_line(init_from, embedder))
     workers = common.worker_count(num_workers)
     if items:
         stored = index(embedder, items, vectors, init_from, batch_size, workers)
