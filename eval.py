@@ -66,7 +66,7 @@ from readers.mmeb_v2_data import v2_reader
 from readers.mmeb_v2_rows import check_v2_tasks, read_v2_task, select_v2_tasks
 from readers.reports import summary
 from runs.checkpoint import fingerprint
-from runs.export import load_for_inference
+from runs.export import changed_settings, dim_line, load_for_inference
 from runs.results import (dataset_key, geometry_sample, keep_result, kept_results, report, scores_section,
                           sheet_rows, v2_section)
 
@@ -91,6 +91,7 @@ max_length = 8192  # tokens per item; text is truncated, never image placeholder
 dim = 0  # the vectors' first dim dimensions (Matryoshka: see the spec's matryoshka_dims); 0 = the checkpoint's
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # let rows name images outside image_dir
+keep_card = False  # leave an export's model card as it is (else a whole-benchmark run at its own settings updates it)
 out = "out/eval.json"  # results as JSON; what the tools draw from goes beside it (<stem>_datasets/)
 overwrite = False  # recompute every dataset, also those an earlier run finished (kept in <stem>_datasets/) with the same key
 geometry = True  # keep a sample of each dataset's embeddings for python -m tools.geometry OUT
@@ -362,6 +363,20 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
     return per_task
 
 
+def card_verdict(init_from, embedder, output, missing):
+    """Why this evaluation leaves the export's model card alone ('' when it may write its table there): only a run of
+    the whole benchmark at the export's own settings speaks for the card; a part, or other settings, its JSON alone."""
+    width = embedder.model.config.text_config.hidden_size
+    changed = changed_settings(init_from, width, similarity=similarity, max_length=max_length, max_pixels=max_pixels,
+                               video_frames=video_frames, video_max_pixels=video_max_pixels, dim=dim)
+    reasons = (["keep_card=True"] if keep_card else []) + [f"{key} {now!r}, not its own {own!r}" for key, (own, now)
+                                                            in changed.items()]
+    reasons += [f"{key}={value!r} (a part of the benchmark)" for key, value in (("datasets", datasets),
+                                                                               ("v2_tasks", v2_tasks)) if value]
+    reasons += [f"MMEB's {', '.join(missing)} missing"] if missing else []
+    return "; ".join(reasons) + (f"; the results are in {out} only" if reasons else "")
+
+
 def main(argv=None):
     """Run the evaluation with config overrides argv (default: the command line). -> the JSON dict"""
     config = configurator.configure(globals(), sys.argv[1:] if argv is None else argv)
@@ -393,6 +408,7 @@ def main(argv=None):
     embedder, info = load_for_inference(init_from, dtype, run_device, max_length=max_length, max_pixels=max_pixels,
                                         similarity=similarity, video_frames=video_frames,
                                         video_max_pixels=video_max_pixels, dim=dim)
+    log(dim_line(init_from, embedder))
     settings = {key: config[key] for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers", "overwrite")}
     stem = os.path.splitext(out)[0]
     checkpoint_id = fingerprint(init_from)
@@ -403,7 +419,7 @@ def main(argv=None):
     image_part = scores_section({n: per_dataset[n] for n in main_names}, missing, bool(mmeb_names)) if mmeb_dir else {}
     output = {"benchmark": "MMEB" if mmeb_names else "other" if mmeb_dir else "MMEB-V2", **image_part,
               "omitted": omitted, "similarity": embedder.spec.similarity, "spec": embedder.spec.to_dict(),
-              "init_from": init_from, "datasets_folder": stem + "_datasets", "config": config}
+              "init_from": init_from, "dim": embedder.dim, "datasets_folder": stem + "_datasets", "config": config}
     own = {n: r for n, r in per_task.items() if "layout" in r}  # v2_dir's own tasks: apart, in no MMEB-V2 mean
     if v2_dir and (len(own) < len(per_task) or mmeb_names or not own):
         output["mmeb_v2"] = v2_section({n: r for n, r in per_task.items() if n not in own},
@@ -415,7 +431,10 @@ def main(argv=None):
     if rank == 0:
         if own:
             print(mmeb_v2.format_own_v2(own) + "\n")
-        report(output, out, started, init_from if info else "", wandb_project if wandb_log else "")
+        card = card_verdict(init_from, embedder, output, missing) if info else ""
+        report(output, out, started, init_from if info and not card else "", wandb_project if wandb_log else "")
+        if card:
+            print(f"the model card of {init_from} is left as it is: {card}")
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

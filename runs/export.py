@@ -58,11 +58,16 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
     if len(stored) == 1:
         edit_json(os.path.join(tmp_dir, "config.json"), lambda config: stored_dtype(config, next(iter(stored))))
+    width = state_dict["model.language_model.norm.weight"].shape[0]
+    if spec.matryoshka_dims:  # where vLLM looks before it accepts a request's `dimensions` (a Matryoshka model)
+        dims = sorted({*spec.matryoshka_dims, spec.dim or width})
+        edit_json(os.path.join(tmp_dir, "config.json"),
+                  lambda config: dict(config, is_matryoshka=True, matryoshka_dimensions=dims))
     save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
     shareable(os.path.join(tmp_dir, "model.safetensors"))  # save_file leaves 0600
     spec.save(tmp_dir)
     write_text(os.path.join(tmp_dir, "chat_template.jinja"), chat_template(spec))  # the release's is a chat's
-    sentence_transformers_files(tmp_dir, spec, state_dict["model.language_model.norm.weight"].shape[0])
+    sentence_transformers_files(tmp_dir, spec, width)
     edit_json(os.path.join(tmp_dir, "tokenizer_config.json"),
               lambda tokenizer: {k: v for k, v in tokenizer.items() if k != "chat_template"})
     with open(os.path.join(tmp_dir, INFO), "w") as f:
@@ -346,6 +351,35 @@ def check_checkpoint(path):
         raise UserError(f"{path} was trained from the backbone {spec.backbone!r}, which is not here: put it there "
                         "(or a link to it), or export the run (train.py --resume=True --export_only=True)")
     return "step"
+
+
+def trained_dims(path, embedder):
+    """The widths the checkpoint at path was trained at: its spec's dim (or the whole vector) and its
+    matryoshka_dims; a release without a spec: its whole vector. -> sorted list"""
+    saved = EmbeddingSpec.load(path) if os.path.isdir(path) else None
+    width = embedder.model.config.text_config.hidden_size
+    return sorted({(saved.dim if saved else 0) or width, *(saved.matryoshka_dims if saved else ())})
+
+
+def dim_line(path, embedder):
+    """What eval.py and tools/search.py say of the width they score at, with a WARNING where the checkpoint was never
+    trained at it (Matryoshka: only its matryoshka_dims and its whole vector were)."""
+    dims, width = trained_dims(path, embedder), embedder.model.config.text_config.hidden_size
+    line = f"dim: scoring at {embedder.dim} of the backbone's {width} dimensions"
+    if embedder.dim in dims:
+        return line + f" (trained at {', '.join(map(str, dims))})"
+    return (line + f"; WARNING: {path} was trained at {', '.join(map(str, dims))} only (its spec's dim and "
+            f"matryoshka_dims): its first {embedder.dim} dimensions were never a vector of their own in training")
+
+
+def changed_settings(path, width, **changes):
+    """The spec fields `changes` (eval.py's overrides, 0 or '' = the checkpoint's own) move away from the spec saved
+    at path: {field: (saved, now)}; {} at the checkpoint's own settings, or for a release (no spec to differ from).
+    width: the backbone's, which dim=0 means."""
+    saved = EmbeddingSpec.load(path) if os.path.isdir(path) else None
+    own = lambda key: (saved.dim or width) if key == "dim" else getattr(saved, key)  # noqa: E731
+    return {key: (getattr(saved, key), value) for key, value in changes.items()
+            if saved and value not in (None, "", 0) and value != own(key)}
 
 
 def load_for_inference(path, dtype, device, **changes):

@@ -147,8 +147,11 @@ def report(output, out, started, card_folder="", wandb_project=""):
     config = output["config"]
     print(f"wrote {out}" + (f"; draw its geometry: python -m tools.geometry {out}" if config["geometry"] else "")
           + (f"; its retrieval sheets: python -m tools.plot {out}" if config["sheet_queries"] else ""))
-    if card_folder and add_evaluation(card_folder, f"MMEB ({output['similarity']} similarity, instructions "
-                                                   f"'{config['instructions']}'), eval.py:\n\n```\n{table}\n```"):
+    spec = output["spec"]  # the settings the card's table was scored at, said with it
+    settings = (f"{output['similarity']} similarity, instructions '{config['instructions']}', dim {output['dim']}, "
+                f"max_pixels {spec['max_pixels']:,}, max_length {spec['max_length']:,}, video_frames "
+                f"{spec['video_frames']}")
+    if card_folder and add_evaluation(card_folder, f"MMEB ({settings}), eval.py:\n\n```\n{table}\n```"):
         print(f"added the table to {os.path.join(card_folder, 'README.md')}")
     if wandb_project:
         run_dir = os.path.dirname(os.path.abspath(output["init_from"]))

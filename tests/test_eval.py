@@ -7,6 +7,9 @@ and two gloo ranks against one process.
     python -m pytest -q tests/test_eval.py
 """
 
+import contextlib
+import dataclasses
+import io
 import json
 import math
 import os
@@ -340,14 +343,35 @@ def test_rows_of_different_candidate_counts_are_reported(tiny_embedder, tmp_path
 def test_training_rows_geometry_and_the_model_card(dot_checkpoint, toy_benchmark, tmp_path):
     export = tmp_path / "run" / "export"
     shutil.copytree(dot_checkpoint, export)
-    spec = EmbeddingSpec.load(str(export))
+    spec = dataclasses.replace(EmbeddingSpec.load(str(export)), max_pixels=128 * 192, max_length=512,
+                               matryoshka_dims=(32,))  # config/shapes_eval.py's budgets: its own settings
+    spec.save(str(export))
     info = {"step": 7, "config": {"learning_rate": 0.1}}
     (export / "pace.json").write_text(json.dumps(info))
     (export / "README.md").write_text(model_card(spec, info, str(export)))
-    out = str(tmp_path / "card.json")
-    evaluation.main(toy_args(str(export), toy_benchmark, out))
+    untouched, out = (export / "README.md").read_text(), str(tmp_path / "card.json")
+    whole = [a for a in toy_args(str(export), toy_benchmark, out) if not a.startswith("--datasets=")]
+    for args, why in ((toy_args(str(export), toy_benchmark, out), f"datasets={TOY_DATASETS!r} (a part"),
+                      (whole + ["--dim=16"], "dim 16, not its own 0"), (whole + ["--max_pixels=4096"], "max_pixels 4096"),
+                      (whole + ["--keep_card=True"], "keep_card=True")):  # each leaves the card as it was
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            result = evaluation.main(args)
+        assert (export / "README.md").read_text() == untouched, args
+        assert f"the model card of {export} is left as it is: {why}" in said.getvalue(), said.getvalue()[-2000:]
+        assert f"the results are in {out} only" in said.getvalue() and os.path.isfile(out)
+    assert result["dim"] == 64 and "dim: scoring at 64 of the backbone's 64 dimensions (trained at 32, 64)" in \
+        said.getvalue()
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        evaluation.main(whole + ["--dim=16"])
+    assert ("dim: scoring at 16 of the backbone's 64 dimensions; WARNING: " f"{export} was trained at 32, 64 only"
+            in said.getvalue())
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        evaluation.main(whole + ["--dim=32"])  # a trained prefix: no warning, and a card it may not speak for
+    assert "(trained at 32, 64)" in said.getvalue() and "WARNING" not in said.getvalue()
+    evaluation.main(whole)  # the whole benchmark at the export's own settings: its table goes into the card
     card = (export / "README.md").read_text()
     assert "Shapes-CLS" in card.split("## Evaluation")[1] and card.count("## Evaluation") == 1
+    assert "MMEB (dot similarity, instructions 'paper', dim 64, max_pixels 24,576, max_length 512, video_frames 8)" in card
     assert "**dot product**" in card and "load_embedder" in card
     # the paper's geometry on training rows: 20 queries with their positives
     train = diagnostics.main([f"--init_from={export}", f"--train_data={[toy_benchmark['train']]!r}",

@@ -240,6 +240,18 @@ def test_the_export_says_its_dtype_and_its_cards_snippet_agrees_with_encode(tiny
     torch.testing.assert_close(expected, embedder.encode([query])[0], atol=1e-5, rtol=0)  # the trained weights
 
 
+def test_an_export_trained_with_matryoshka_dims_says_so_where_vllm_looks(tiny_embedder, tmp_path):
+    from runs.export import load_embedder, save_hf_folder
+    plain, mrl = str(tmp_path / "plain"), str(tmp_path / "mrl")
+    save_hf_folder(tiny_embedder.state_dict(), tiny_embedder.spec, plain, {"step": 1, "config": {}})
+    save_hf_folder(tiny_embedder.state_dict(), tiny_embedder.spec.replace(matryoshka_dims=(16, 32)), mrl,
+                   {"step": 1, "config": {}})
+    config = json.load(open(os.path.join(mrl, "config.json")))
+    assert config["is_matryoshka"] is True and config["matryoshka_dimensions"] == [16, 32, 64]  # the whole vector too
+    assert "is_matryoshka" not in json.load(open(os.path.join(plain, "config.json")))
+    assert load_embedder(mrl, dim=16)[0].dim == 16  # transformers still loads the config
+
+
 def test_a_checkpoints_fingerprint_follows_its_weights_not_its_place(tiny_checkpoint, tmp_path):
     from safetensors.torch import load_file, save_file
     copy, trained = tmp_path / "copy", tmp_path / "trained"
