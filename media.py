@@ -86,10 +86,18 @@ def visual_name(frames, kind="image"):
 
 
 def video_frames(video):
-    """A video as an item holds it -> the list of its frames (paths or PIL images); a ValueError if it is not one."""
+    """A video as an item holds it -> the list of its frames (paths or PIL images): a list of frames, or a folder of
+    them as training rows name one (frame_files' order). A ValueError if it is neither."""
+    if isinstance(video, (str, os.PathLike)):  # a folder of frames, as a training row's ..._video
+        frames = frame_files(video)
+        if not frames:
+            raise ValueError(f"video folder {os.fspath(video)!r} " + ("does not exist" if frames is None else
+                             "holds no .jpg/.jpeg/.png frames"))
+        return frames
     if not isinstance(video, (list, tuple)) or not video:
         kind = "an empty list" if isinstance(video, (list, tuple)) else type(video).__name__
-        raise ValueError(f"a video must be a non-empty list of frames (file paths or PIL images), got {kind}")
+        raise ValueError(f"a video must be a folder of frames or a non-empty list of frames (file paths or PIL "
+                         f"images), got {kind}")
     for frame in video:
         if not isinstance(frame, (str, os.PathLike, Image.Image)):
             raise ValueError(f"a video's frames must be file paths or PIL images, got {type(frame).__name__}")

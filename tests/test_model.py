@@ -4,6 +4,7 @@ family_embedder (tests/conftest.py) and run on every backbone family of model.FA
     python -m pytest -q tests/test_model.py
 """
 import os
+import re
 import shutil
 
 import pytest
@@ -337,8 +338,16 @@ def test_a_videos_errors_name_it_and_inference_shrinks_one_too_long(tiny_checkpo
         paths.append(str(tmp_path / f"frame_{k:04d}.jpg"))
         frame.save(paths[-1])
     embedder = Embedder.from_pretrained(tiny_checkpoint)
-    with pytest.raises(UserError, match="item 0: a video must be a non-empty list"):
+    with pytest.raises(UserError, match="item 0: a video must be a folder of frames or a non-empty list"):
         embedder.encode([{"text": "x", "video": []}])
+    # a folder of frames, as a training row names a video, is its frames in their natural order
+    torch.testing.assert_close(embedder.encode([{"text": "x", "video": str(tmp_path)}]),
+                               embedder.encode([{"text": "x", "video": paths}]), atol=0, rtol=0)
+    with pytest.raises(UserError, match=rf"item 0: video folder '{re.escape(str(tmp_path / 'nowhere'))}' does not exist"):
+        embedder.encode([{"text": "x", "video": str(tmp_path / "nowhere")}])
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(UserError, match=r"item 0: video folder .*empty' holds no .jpg/.jpeg/.png frames"):
+        embedder.encode([{"text": "x", "video": str(tmp_path / "empty")}])
     with pytest.raises(UserError, match="item 0: .*file paths or PIL images, got int"):
         embedder.encode([{"text": "x", "video": [1, 2]}])
     with pytest.raises(UserError, match="item 1: an item holds an image or a video, not both"):
