@@ -394,7 +394,8 @@ class Embedder(nn.Module):
                             image_grid_thw=move(image_grid_thw), video_grid_thw=move(video_grid_thw),
                             pixel_values_videos=pixels(move(pixel_values_videos), True),
                             use_cache=False).last_hidden_state  # (B, L, D)
-        return POOLINGS[self.spec.pooling].pool(hidden, attention_mask).float()[:, :self.dim]  # (B, dim)
+        pooled = POOLINGS[self.spec.pooling].pool(hidden, attention_mask).float()  # (B, D)
+        return pooled[:, :self.spec.dim].clone() if self.spec.dim else pooled  # (B, dim); a copy: FSDP2 warns of views
 
     @torch.no_grad()
     def encode(self, items, batch_size=16, num_workers=0, progress=""):
