@@ -84,10 +84,10 @@ similarity = ""  # 'dot' (eq. 2) or 'cos' (eq. 1); '' = the checkpoint's own (it
 instructions = "paper"  # queries: 'paper' = Table 5's instruction per task format (readers/mmeb.py), 'dataset' = their own
 batch_size = 16  # items per forward pass
 num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of the cores
-max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoint's own
+max_pixels = 0  # image pixel budget; 0 = the checkpoint's own (its spec's; a release: the paper's 1,605,632)
 video_frames = 0  # frames a video keeps, spread evenly (VLM2Vec-V2: 8, Qwen3-VL-Embedding: 64); 0 = the checkpoint's
 video_max_pixels = 0  # a video's pixel budget over all its kept frames (t * h * w); 0 = the checkpoint's own
-max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
+max_length = 0  # tokens per item, text truncated (never the image or template); 0 = the checkpoint's own (8,192)
 dim = 0  # the vectors' first dim dimensions (Matryoshka: see the spec's matryoshka_dims); 0 = the checkpoint's
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # let rows name images outside image_dir

@@ -64,8 +64,8 @@ judge_chunk_rows = 256  # rows per resumable judge chunk (<out>.judge/chunk_NNNN
 judge_batch_size = 8  # (query, candidate) pairs per judge forward pass
 batch_size = 16  # items per embedding forward pass
 num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise); at most the rank's share of cores
-max_pixels = 1605632  # image pixel budget of the embedder and the judge (paper: 1,605,632); 0 = the checkpoint's own
-max_length = 8192  # tokens per item (per side for the judge); text is truncated, never image placeholders
+max_pixels = 0  # image pixel budget of the embedder and the judge; 0 = each one's own (a release: 1,605,632)
+max_length = 0  # tokens per item (per side for the judge), text truncated; 0 = each one's own (a release: 8,192)
 skip_bad_rows = False  # as train.py's: skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # as train.py's: rows may name images outside image_dir (written as absolute paths)
 allow_eval_datasets = False  # as train.py's: read rows of MMEB's out-of-distribution evaluation datasets

@@ -61,8 +61,8 @@ sheet = ""  # a PNG path: draw the queries and their results there as a retrieva
 gold_id = ""  # the id of the item a query should find: its rank is printed, and the sheet frames it green
 batch_size = 16  # items per forward pass
 num_workers = 4  # DataLoader worker processes (decode, resize, tokenise); at most the cores there are
-max_pixels = 1605632  # image pixel budget (paper: 1,605,632); 0 = the checkpoint's own
-max_length = 8192  # tokens per item; text is truncated, never image placeholders or the template
+max_pixels = 0  # image pixel budget; 0 = the checkpoint's own (its spec's; a release: the paper's 1,605,632)
+max_length = 0  # tokens per item, text truncated (never the image or template); 0 = the checkpoint's own (8,192)
 dim = 0  # the vectors' first dim dimensions (Matryoshka: see the spec's matryoshka_dims); 0 = the checkpoint's
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
 dtype = "bfloat16" if torch.cuda.is_available() else "float32"  # compute dtype of the model
