@@ -132,7 +132,7 @@ def configure(namespace, args, positional=None):
     written with; return the config dict. positional: the list key that takes bare arguments which are not config
     files (a script's paths). --help (or -h) prints every key with its default and comment and exits 0."""
     defaults = namespace.setdefault('_config_defaults', copy.deepcopy(config_keys(namespace)))
-    config = copy.deepcopy(defaults)
+    config, chosen = copy.deepcopy(defaults), set()
     if '--help' in args or '-h' in args:
         print_help(namespace.get('__file__', ''), namespace.get('__doc__') or '', config, namespace)
         sys.exit(0)
@@ -152,13 +152,21 @@ def configure(namespace, args, positional=None):
         if arg.startswith('--'):
             key, value = parse_flag(arg, config, namespace.get('MOVED'))
             config[key] = value_of_type(key, value, config[key], arg)
+            chosen.add(key)
         elif arg.endswith('.py') or positional is None:
             for key, value in read_config_file(arg, config, namespace.get('MOVED')).items():
                 config[key] = value_of_type(key, value, config[key], arg)
+                chosen.add(key)
         else:
             config[positional] = list(config[positional]) + [arg]
     namespace.update(config)
+    namespace['_config_chosen'] = chosen  # chosen(namespace): the keys a file or flag set, whatever their value
     return config
+
+
+def chosen(namespace):
+    """The keys the last configure() of namespace had set by a config file or flag (a default set again counts)."""
+    return set(namespace.get('_config_chosen', ()))
 
 
 def key_comments(*sources):

@@ -36,7 +36,7 @@ from common import UserError
 from model import EmbeddingSpec
 from readers import training as readers
 from runs import checkpoint, cost, outdir
-from runs.export import check_checkpoint, load_embedder, save_hf_folder
+from runs.export import check_checkpoint, inherited_spec, load_embedder, save_hf_folder
 
 common.install_error_hook()  # a mistake to fix (a bad key, a missing file, a bad row) ends in one line
 outdir.sturdy_output()  # a closed pipe (| tee, ended by the same Ctrl-C), a full disk or a lost terminal stop nothing
@@ -108,7 +108,12 @@ config = configurator.configure(globals(), sys.argv[1:])
 for key, allowed in (("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")), ("soft_labels", ("none", "judge")),
                      ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset"))):
     configurator.check_choice(key, config[key], allowed)
-spec_fields = {key: config[key] for key in EmbeddingSpec.defaults()}
+# the spec: a field this config does not set is init_from's (Stage II keeps Stage I's pooling, dim, prompt, budgets)
+spec_fields, spec_moves = inherited_spec(init_from, {key: config[key] for key in EmbeddingSpec.defaults()},
+                                         configurator.chosen(globals()))
+config.update(spec_fields)  # config.json, the resume check and the card say what the run uses
+globals().update(spec_fields)
+spec_said = f"spec against {init_from}'s: " + ", ".join(spec_moves)
 EmbeddingSpec(**spec_fields)  # its choices checked now (pooling, similarity, video_frames), before the data
 configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"))
 
@@ -132,6 +137,8 @@ if check_data:  # --check_data=True: no model, no process group; what the run wo
     print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])
                     + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
     configurator.print_config(config)
+    if spec_moves:
+        print(spec_said)
     bad, usable = (sum(sum(s[key].values()) for s in table.subsets) for key in ("bad", "files"))
     print(f"check_data: {len(table.subsets)} subsets, {usable:,} usable rows, {bad:,} bad, on {ranks} rank(s); " + (
         "the run would start" if not problems else "the run would NOT start:\n  " + "\n  ".join(problems)))
@@ -159,6 +166,8 @@ earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overw
 if master:
     outdir.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
+    if spec_moves:
+        print(spec_said)
     print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])
                     + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
 barrier()

@@ -382,6 +382,26 @@ def changed_settings(path, width, **changes):
             if saved and value not in (None, "", 0) and value != own(key)}
 
 
+def inherited_spec(init_from, fields, chosen):
+    """A run's spec fields when it starts from a step folder or an export (Stage II from Stage I): each field its
+    config does not set (chosen: the keys a file or flag set) is init_from's spec's, so Stage II keeps Stage I's
+    pooling, dim, matryoshka_dims, prompt and budgets. -> (fields, what differs from init_from's spec, said at start:
+    ["pooling 'mean' kept (the config's default is 'last_token')", "similarity 'cos' -> 'dot'", ...])"""
+    earlier = EmbeddingSpec.load(init_from) if os.path.isdir(init_from) else None  # a release has none
+    if earlier is None:
+        return dict(fields), []
+    fields, said = dict(fields), []
+    for key, value in list(fields.items()):
+        before = getattr(earlier, key)
+        if key not in chosen and value != before:
+            fields[key] = before
+            if value not in (0, "", None) or key == "dim":  # a budget's 0 means the checkpoint's own: no news
+                said.append(f"{key} {before!r} kept (the config's default is {value!r})")
+        elif value != before:
+            said.append(f"{key} {before!r} -> {value!r}")
+    return fields, said
+
+
 def load_for_inference(path, dtype, device, **changes):
     """load_embedder as eval.py, tools/search.py and tools/mine.py use it: dtype a name ('float32', 'bfloat16'), the
     model on device in eval mode, the spec's fields changed as `changes` say, an image too large for max_length

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from common import UserError, write_json
+import configurator
 from configurator import configure, print_config
 from tests.toyrun import script_defaults
 
@@ -160,6 +161,14 @@ def test_one_bare_value_of_a_list_key_is_a_one_item_list():
     assert configure(script_globals(), ["--eval_datasets='quoted'"])['eval_datasets'] == ['quoted']
     assert configure(script_globals(), ["--eval_datasets={'path': 'x'}"])['eval_datasets'] == [{'path': 'x'}]
     assert configure(script_globals(), ['--eval_datasets=7'])['eval_datasets'] == [7]
+
+
+def test_chosen_names_the_keys_a_file_or_flag_set_even_to_their_default(tmp_path):
+    namespace = script_globals()
+    configure(namespace, [write(tmp_path, 'batch_size = 32\n'), '--compile=True'])
+    assert configurator.chosen(namespace) == {'batch_size', 'compile'}  # 32 is the default: set all the same
+    configure(namespace, [])
+    assert configurator.chosen(namespace) == set()
 
 
 def test_arguments_apply_left_to_right(tmp_path):

@@ -199,6 +199,23 @@ def test_stage_two_from_stage_one_and_its_export(toy, straight, tmp_path, monkey
         assert name == other and torch.equal(a, b), name
 
 
+def test_stage_two_keeps_stage_ones_spec_where_its_config_is_silent_and_says_what_changed(toy, straight, tmp_path):
+    step = str(tmp_path / "step_000002")
+    shutil.copytree(os.path.join(straight[0], "step_000002"), step)
+    spec_file = os.path.join(step, "embedding_spec.json")
+    spec = json.load(open(spec_file))
+    json.dump(dict(spec, pooling="mean", matryoshka_dims=[16]), open(spec_file, "w"))  # a mean-pooled Stage I
+    code, said = launch(toy, str(tmp_path / "stage2"), f"--init_from={step}", "--similarity='dot'", "--check_data=True")
+    assert code == 0, said[-3000:]
+    assert (f"spec against {step}'s: pooling 'mean' kept (the config's default is 'last_token'), similarity 'cos' "
+            "-> 'dot', matryoshka_dims (16,) kept (the config's default is ())\n") in said, said[-3000:]
+    assert re.search(r"^pooling += 'mean'", said, re.M) and re.search(r"^similarity += 'dot'", said, re.M)
+    code, said = launch(toy, str(tmp_path / "stage2"), f"--init_from={step}", "--pooling='last_token'",
+                        "--check_data=True")  # a choice the config makes, even the default, is the config's
+    assert code == 0 and "pooling 'mean' -> 'last_token'" in said and re.search(r"^pooling += 'last_token'", said,
+                                                                               re.M), said[-3000:]
+
+
 @slow
 def test_a_checkpoint_whose_weights_break_the_next_step_is_not_called_good(toy, straight, tmp_path):
     # from step 2's good weights, dot logits at lr 1e30: step 3's update leaves weights that are finite but give NaN
