@@ -45,7 +45,7 @@ outdir.sturdy_output()  # a closed pipe (| tee, ended by the same Ctrl-C), a ful
 out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json and export/ go here
 init_from = "models/Qwen3.5-0.8B-Base"  # a Hugging Face Qwen3.5 folder, or a step folder of an earlier run (Stage II)
 resume = False  # continue from the newest intact checkpoint in out_dir
-allow_config_change = False  # with resume: let a resume change what defines the run (runs/outdir.py DEFINING), recorded in config.json
+allow_config_change = False  # with resume: let a resume change what defines the run (every key but runs/checkpoint.py's STEERING), recorded in config.json
 overwrite = False  # a fresh run where an earlier run's checkpoints are: delete them (else the run refuses to start)
 export_only = False  # with resume: write out_dir/export/ from the newest checkpoint and stop
 train_data = ["data/mmE5/mmE5-MMEB-hardneg", "data/mmE5/mmE5-synthetic"]  # files, subset folders or download roots, or {"path", "image_dir", "max_rows", "weight", "parser"} dicts (readers/training.py)

@@ -28,6 +28,24 @@ import torch
 
 from common import UserError
 
+# what defines a run: changing one on resume makes the rest of the run another experiment than its first steps.
+# Every config key of train.py does (every field of the embedding spec, model.EmbeddingSpec, by the config key of its
+# name; backbone follows init_from; the data and its reading; the loss and its settings; LoRA; the seed and batch; a
+# fork's new key too, with no list to add it to) but the ones below, which only steer the rest of the run or say where
+# and how it runs. defining(config) is the rest.
+STEERING = ("max_iters", "learning_rate", "warmup_ratio", "lr_decay", "weight_decay", "adam_betas", "grad_clip",
+            "table_dir", "allow_any_image_path", "grad_cache_chunk", "micro_batch", "num_workers",
+            "checkpoint_interval", "checkpoint_minutes", "stop_signals", "keep_checkpoints", "keep_last",
+            "max_bad_steps", "log_interval", "device", "dtype", "activation_checkpointing", "threads",
+            "timeout_minutes", "wandb_log", "wandb_project", "wandb_run_name")
+NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "allow_config_change")  # where and how, not what
+
+
+def defining(config):
+    """The keys of a config (train.py's) that define its run: all but STEERING and NOT_COMPARED, in its order."""
+    return [key for key in config if key not in STEERING + NOT_COMPARED]
+
+
 # torch.distributed.checkpoint says this at every save and load in one process, which is how it is meant here
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 

@@ -21,7 +21,7 @@ import torch
 import lora
 from common import UserError, relative_hint, shareable, write_json, write_text
 from model import FAMILIES, POOLINGS, Embedder, EmbeddingSpec, family_of
-from runs.checkpoint import INFO, fingerprint, load_state, read_info, verify
+from runs.checkpoint import INFO, defining, fingerprint, load_state, read_info, verify
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
                  "merges.txt", "special_tokens_map.json", "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
@@ -253,9 +253,7 @@ score = {encode_score_expression}
 {evaluation}
 '''
 EVALUATION_START = "## Evaluation\n"
-CARD_KEYS = ("init_from", "train_data", "max_iters", "batch_size", "num_hard_negatives", "learning_rate", "warmup_ratio",
-             "temperature", "focal_gamma", "focal_temperature", "weighting", "lora_rank", "lora_alpha",
-             "grad_cache_chunk", "instructions", "seed")  # the training config's keys the card lists, after the spec's
+CARD_STEERING = ("max_iters", "learning_rate", "warmup_ratio", "grad_cache_chunk")  # shown beside what defines it
 
 
 def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
@@ -264,7 +262,8 @@ def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
     classes that load it."""
     config, dot = info.get("config", {}), spec.similarity == "dot"
     rows = [(f"`{k}`", f"`{v!r}`") for k, v in spec.to_dict().items()]
-    rows += [(f"`{k}`", f"`{config[k]!r}`") for k in CARD_KEYS if k in config]
+    shown = [k for k in config if k in CARD_STEERING or k in defining(config) and k not in spec.to_dict()]
+    rows += [(f"`{k}`", f"`{config[k]!r}`") for k in shown]  # the training config after the spec's fields
     backbone = os.path.basename(os.path.normpath(spec.backbone))
     trained = "dot-product" if dot else "cosine"
     trained += " training of LoRA adapters (merged here)" if info.get("trained_lora_rank") else \

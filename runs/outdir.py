@@ -26,21 +26,11 @@ import uuid
 
 from common import UserError, duration, write_json, write_text
 from model import EmbeddingSpec
-from runs.checkpoint import complete, read_info, remove, verify
+from runs.checkpoint import NOT_COMPARED, complete, defining, read_info, remove, verify
 from runs.lock import alive_here, lock_record, read_lock
 
 EXIT_RESUME = 75  # EX_TEMPFAIL ("try again later"): stopped on a signal with a checkpoint written; resume me
 LOCK = "run.lock"
-# what defines a run: changing one on resume makes the rest of the run another experiment than its first steps.
-# What defines its vectors (every field of the embedding spec, model.EmbeddingSpec, by the config key of its name;
-# backbone follows init_from), and what defines its training:
-DEFINING = tuple(field for field in EmbeddingSpec.fields() if field != "backbone") + (
-    "init_from", "train_data", "image_dir", "train_split", "allow_eval_datasets", "skip_bad_rows", "temperature",
-    "focal_gamma", "focal_temperature", "weighting", "soft_labels", "judge_temperature", "alignment_weight",
-    "infonce_weight", "alignment_floor",
-    "lora_rank", "lora_alpha", "lora_dropout", "seed", "batch_size", "homogeneous_batch", "num_hard_negatives",
-    "instructions")
-NOT_COMPARED = ("out_dir", "resume", "overwrite", "export_only", "check_data", "allow_config_change")  # where and how, not what
 
 
 # -----------------------------------------------------------------------------
@@ -141,12 +131,12 @@ def kill_workers_at_exit():
 
 def resume_changes(before, after, allow_config_change):
     """The config keys whose values differ between a checkpoint's config and this run's -> {key: [before, after]}.
-    A change of what defines the run (DEFINING) is a UserError naming the keys, unless allow_config_change; what
+    A change of what defines the run (defining) is a UserError naming the keys, unless allow_config_change; what
     only steers the rest (max_iters, the learning rate and its schedule, logging, checkpointing, workers) is
     allowed. Keys the checkpoint does not have (an older run's) count as unchanged."""
     changed = {key: [before[key], value] for key, value in after.items()
                if key in before and key not in NOT_COMPARED and normal(before[key]) != normal(value)}
-    refused = [key for key in changed if key in DEFINING]
+    refused = [key for key in changed if key in defining(after)]
     if refused and not allow_config_change:
         raise UserError("resuming would change what defines the run: " + ", ".join(
             f"{key} {changed[key][0]!r} -> {changed[key][1]!r}" for key in refused) + "; keep them, write elsewhere "

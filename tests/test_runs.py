@@ -23,7 +23,7 @@ from PIL import Image
 
 from common import UserError
 from runs import checkpoint, outdir
-from tests.toyrun import ROOT, script_defaults
+from tests.toyrun import ROOT, help_defaults, script_defaults
 
 
 # -----------------------------------------------------------------------------
@@ -99,6 +99,11 @@ def test_a_resume_lists_what_changed_and_refuses_what_redefines_the_run(tmp_path
     changed = outdir.resume_changes(before, after, allow_config_change=True)
     assert changed == {"similarity": ["cos", "dot"], "focal_gamma": [2.0, 0.0], "learning_rate": [3e-3, 1e-3]}
     assert outdir.resume_changes(before, dict(before, learning_rate=1e-3), False) == {"learning_rate": [3e-3, 1e-3]}
+    with pytest.raises(UserError, match=r"hardness_alpha 1.0 -> 2.0"):  # a fork's new key defines the run unlisted
+        outdir.resume_changes(dict(before, hardness_alpha=1.0), dict(before, hardness_alpha=2.0), False)
+    keys = help_defaults("train.py")  # every key of train.py is one or the other, each named once
+    assert set(checkpoint.STEERING) <= set(keys) and {"judge_temperature", "lora_dropout", "seed"} <= set(
+        checkpoint.defining(keys))
     path = str(tmp_path / "config.json")  # which steps ran under which values
     outdir.write_config(path, before, 0, {})
     outdir.write_config(path, after, 2, changed)

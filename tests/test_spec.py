@@ -16,7 +16,7 @@ import torch
 import configurator
 from common import UserError
 from model import SPEC_FILE, Embedder, EmbeddingSpec
-from runs import outdir, results
+from runs import checkpoint, outdir, results
 from runs.export import load_embedder, model_card
 from tests.toyrun import help_defaults
 
@@ -57,9 +57,9 @@ def test_every_field_is_a_training_key_a_resume_may_not_change():
     comments = configurator.key_comments(os.path.join(ROOT, "model.py"))  # and each with its field's comment
     for field in EmbeddingSpec.fields():
         if field == "backbone":  # the lineage: it follows init_from, which a resume may not change either
-            assert "init_from" in outdir.DEFINING
+            assert "init_from" in checkpoint.defining(keys)
             continue
-        assert keys[field] == getattr(EmbeddingSpec(), field) and comments[field] and field in outdir.DEFINING, field
+        assert keys[field] == getattr(EmbeddingSpec(), field) and comments[field] and field in checkpoint.defining(keys), field
         before = {field: getattr(EmbeddingSpec(), field), "learning_rate": 1e-3}
         with pytest.raises(UserError, match=field):
             outdir.resume_changes(before, dict(before, **{field: CHANGED[field]}), allow_config_change=False)
