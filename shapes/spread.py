@@ -1,14 +1,15 @@
 """
 The README's toy table with its spread: the main job (config/shapes_stage1.py, shapes_stage2.py, shapes_eval.py, as
-the README runs them) over several seeds, each checkpoint of the table evaluated, then mean ± std over the seeds; and
-how far floating-point order moves it: the first seed again at another torch thread count (another summation order,
-as another CPU's kernels have), its figures and both stages' losses (step by step) set beside the one-thread run's.
+the README runs them) over several seeds and instruction sets, each checkpoint of the table evaluated, then mean ± std
+over every run; and how far floating-point order moves it: the first seed again at another torch thread count or
+another instruction set (ATEN_CPU_CAPABILITY, the kernels another CPU runs: there the whole main job, the toy's
+pretraining included), its figures and both stages' losses (step by step) set beside the first run's.
 
-    python -m shapes.spread                                        # seeds 1337-1339 at 1 thread, seed 1337 at 2
-    python -m shapes.spread --seeds="[1337]" --threads="[1]"       # one run of the main job, no spread
+    python -m shapes.spread        # seeds 1337-1339 on this CPU's kernels and on the default ones, 1337 at 2 threads
+    python -m shapes.spread --seeds="[1337]" --threads="[1]" --capabilities="['']"   # one run of the main job
 
-Written under --out_dir (default out/spread): t<threads>_s<seed>/{stage1,stage2}/ (train.py's out_dirs), their
-evaluations t<T>_s<S>/eval_*.json, and spread.md / spread.json. Resumes as shapes/study.py does (a finished job
+Written under --out_dir (default out/spread): t<threads>[_<capability>]_s<seed>/{stage1,stage2}/ (train.py's out_dirs),
+their evaluations .../eval_*.json, toy_<capability>/ (the toy prepared on those kernels), and spread.md / spread.json. Resumes as shapes/study.py does (a finished job
 is not run again). The data is the main job's (python -m shapes.prepare writes it when missing).
 """
 import json
@@ -29,29 +30,62 @@ COLUMNS = (("CLS", "Classification"), ("VQA", "VQA"), ("retrieval", "Retrieval")
 
 seeds = [1337, 1338, 1339]  # train.py seeds of the spread
 threads = [1, 2]  # torch threads: the spread at the first, the first seed again at each other (float order)
+capabilities = ["", "default"]  # ATEN_CPU_CAPABILITY of the spread's runs ("": this CPU's own; or avx2, avx512)
 out_dir = os.path.join(ROOT, "out", "spread")
 data_dir = DATA_DIR
 parallel = 2  # jobs at a time
 
 
-def jobs(seed, count, out, data):
-    """The main job's runs at one seed and thread count, as shapes/study.py's job dicts: two stages, three evals."""
-    folder, common = os.path.join(out, f"t{count}_s{seed}"), [flag("seed", seed), flag("threads", count)]
+def run_name(seed, count, capability=""):
+    """The folder of one run of the main job: t<threads>_s<seed>, or t<threads>_<capability>_s<seed>."""
+    return f"t{count}_{capability}_s{seed}" if capability else f"t{count}_s{seed}"
+
+
+def runs_of(args):
+    """-> [(seed, threads, capability)]: every seed on every instruction set at the first thread count (the spread),
+    then the first seed at each other thread count on this CPU's own kernels (floating-point order alone)."""
+    first, others = args.threads[0], args.threads[1:]
+    return ([(seed, first, capability) for capability in args.capabilities for seed in args.seeds]
+            + [(args.seeds[0], count, "") for count in others])
+
+
+def toy_dir(out, data, capability):
+    """The toy a run reads: the main job's, or on other kernels one prepared under them, its backbone pretrained
+    there (the pretraining's float order is another CPU's too; the pictures and rows are the same)."""
+    return os.path.join(out, f"toy_{capability}") if capability else data
+
+
+def prepare_job(out, capability):
+    """python -m shapes.prepare under ATEN_CPU_CAPABILITY=capability, as a job: toy_dir's toy."""
+    folder = toy_dir(out, None, capability)
+    return {"name": f"prepare {capability}", "env": {"ATEN_CPU_CAPABILITY": capability}, "cost": 200, "needs": [],
+            "done": os.path.join(folder, "prepared.json"), "log": folder + ".log",
+            "command": [sys.executable, "-m", "shapes.prepare", flag("out_dir", folder)]}
+
+
+def jobs(seed, count, out, data, capability=""):
+    """The main job's runs at one seed, thread count and instruction set, as shapes/study.py's job dicts: two
+    stages, three evals."""
+    data = toy_dir(out, data, capability)
+    folder, common = os.path.join(out, run_name(seed, count, capability)), [flag("seed", seed), flag("threads", count)]
     where = [flag("train_data", [os.path.join(data, name) for name in ("train.jsonl", "train_video.jsonl",
                                                                       "train_docs.jsonl")]),
              flag("image_dir", os.path.join(data, "images"))]
     stage = lambda name: os.path.join(folder, name)  # noqa: E731
+    label, env = " ".join(filter(None, (f"t{count}", capability, f"s{seed}"))), (
+        {"ATEN_CPU_CAPABILITY": capability} if capability else {})
     train = lambda name, config, *args, needs=(): {  # noqa: E731
-        "name": f"t{count} s{seed} {name}", "done": os.path.join(stage(name), "export", "pace.json"),
+        "name": f"{label} {name}", "env": env, "done": os.path.join(stage(name), "export", "pace.json"),
         "command": [sys.executable, "train.py", os.path.join("config", config), *common, *where,
                     flag("out_dir", stage(name)), *args], "needs": list(needs), "cost": 160,
         "log": stage(name) + ".log"}
-    found = [train("stage1", "shapes_stage1.py", flag("init_from", os.path.join(data, "tiny-qwen3.5"))),
+    toy = [os.path.join(data, "prepared.json")] if capability else []  # its own toy, prepared first
+    found = [train("stage1", "shapes_stage1.py", flag("init_from", os.path.join(data, "tiny-qwen3.5")), needs=toy),
              train("stage2", "shapes_stage2.py", flag("init_from", os.path.join(stage("stage1"), "step_000100")),
                    needs=[os.path.join(stage("stage1"), "step_000100")])]
     for k, (_, name, checkpoint) in enumerate(CHECKPOINTS):
         result = os.path.join(folder, f"eval_{k}.json")
-        found.append({"name": f"t{count} s{seed} eval {k}", "done": result, "cost": 40, "log": result + ".log",
+        found.append({"name": f"{label} eval {k}", "env": env, "done": result, "cost": 40, "log": result + ".log",
                       "needs": [os.path.join(stage(name), "export", "pace.json")],
                       "command": [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"),
                                   flag("threads", count), flag("init_from", os.path.join(stage(name), checkpoint)),
@@ -86,35 +120,42 @@ def loss_gap(folder, other):
 
 def summary(args):
     """-> (spread.md's text, spread.json's dict)."""
-    base = args.threads[0]
-    runs = {(count, seed): [figures(os.path.join(args.out_dir, f"t{count}_s{seed}", f"eval_{k}.json"))
-                            for k in range(len(CHECKPOINTS))]
-            for count in args.threads for seed in (args.seeds if count == base else args.seeds[:1])}
-    names = list(runs[base, args.seeds[0]][0])
+    base, first = (args.seeds[0], args.threads[0], args.capabilities[0]), args.threads[0]
+    runs = {run: [figures(os.path.join(args.out_dir, run_name(*run), f"eval_{k}.json"))
+                  for k in range(len(CHECKPOINTS))] for run in runs_of(args)}
+    spread_runs = [run for run in runs if run[1] == first]  # every seed on every instruction set
+    names = list(runs[base][0])
     cell = lambda s: f"{s['mean']:.1f}" + (f" ± {s['std']:.1f}" if s["std"] is not None else "")  # noqa: E731
-    lines = [f"The main job over seeds {', '.join(map(str, args.seeds))} at {base} torch thread(s): mean ± sample "
-             "standard deviation", "", "| toy checkpoint | " + " | ".join(names) + " |",
-             "|---" * (len(names) + 1) + "|"]
-    table = {}
+    kernels = " and ".join(c or "this CPU's own kernels" for c in args.capabilities)
+    lines = [f"The main job over seeds {', '.join(map(str, args.seeds))} at {first} torch thread(s), on {kernels} "
+             f"({len(spread_runs)} runs): mean ± sample standard deviation, then lowest to highest", "",
+             "| toy checkpoint | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    table, ranges = {}, []
     for k, (label, _, _) in enumerate(CHECKPOINTS):
-        table[label] = {name: mean_std([runs[base, seed][k][name] for seed in args.seeds]) for name in names}
+        values = {name: [runs[run][k][name] for run in spread_runs] for name in names}
+        table[label] = {name: {**mean_std(v), "low": min(v), "high": max(v)} for name, v in values.items()}
         lines.append(f"| {label} | " + " | ".join(cell(table[label][name]) for name in names) + " |")
+        ranges.append(f"| {label} | " + " | ".join(f"{min(v):.1f}-{max(v):.1f}" for v in values.values()) + " |")
+    lines += ["", "| toy checkpoint | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|", *ranges]
     order = {}
-    for count in args.threads[1:]:  # the same seed at another thread count: another floating-point order
-        seed, a, b = args.seeds[0], runs[base, args.seeds[0]], runs[count, args.seeds[0]]
+    for run in [run for run in runs if run[0] == base[0] and run != base]:  # the first seed, another float order
+        a, b = runs[base], runs[run]
         moved = {label: {name: b[k][name] - a[k][name] for name in names}
                  for k, (label, _, _) in enumerate(CHECKPOINTS)}
-        gaps = {stage: loss_gap(*(os.path.join(args.out_dir, f"t{c}_s{seed}", stage) for c in (base, count)))
+        gaps = {stage: loss_gap(*(os.path.join(args.out_dir, run_name(*r), stage) for r in (base, run)))
                 for stage in ("stage1", "stage2")}
         largest = max(abs(v) for row in moved.values() for v in row.values())
-        order[count] = {"moved": moved, "loss_gaps": gaps, "largest_move": largest}
+        order[run_name(*run)] = {"moved": moved, "loss_gaps": gaps, "largest_move": largest}
         said = lambda stage: (f"differ by at most {gaps[stage][1]:.1e} (first at step {gaps[stage][0]})"  # noqa: E731
                               if gaps[stage][0] else "are equal")
-        lines += ["", f"Seed {seed} at {count} threads against {base}: Stage I's losses {said('stage1')}, Stage II's "
-                      f"{said('stage2')}; a figure moves by at most {largest:.1f} points (" + "; ".join(
+        how = f"{run[1]} threads" if run[1] != first else f"ATEN_CPU_CAPABILITY={run[2] or 'its own'}"
+        lines += ["", f"Seed {run[0]} at {how} against {run_name(*base)}: Stage I's losses {said('stage1')}, "
+                      f"Stage II's {said('stage2')}; a figure moves by at most {largest:.1f} points (" + "; ".join(
                           f"{label.split(' (')[0]}: " + ", ".join(f"{n} {v:+.1f}" for n, v in row.items())
                           for label, row in moved.items()) + ")"]
-    return "\n".join(lines) + "\n", {"seeds": args.seeds, "threads": args.threads, "table": table, "order": order}
+    numbers = {"seeds": args.seeds, "threads": args.threads, "capabilities": args.capabilities, "table": table,
+               "order": order}
+    return "\n".join(lines) + "\n", numbers
 
 
 def main(argv=None):
@@ -122,8 +163,9 @@ def main(argv=None):
     args = types.SimpleNamespace(**args)
     if not os.path.isfile(os.path.join(args.data_dir, "train_docs.jsonl")):
         subprocess.run([sys.executable, "-m", "shapes.prepare", f"--out_dir={args.data_dir}"], cwd=ROOT, check=True)
-    run_jobs([job for count in args.threads for seed in (args.seeds if count == args.threads[0] else args.seeds[:1])
-              for job in jobs(seed, count, os.path.abspath(args.out_dir), os.path.abspath(args.data_dir))],
+    out, data = os.path.abspath(args.out_dir), os.path.abspath(args.data_dir)
+    run_jobs([prepare_job(out, capability) for capability in args.capabilities if capability]
+             + [job for seed, count, capability in runs_of(args) for job in jobs(seed, count, out, data, capability)],
              args.parallel)
     text, numbers = summary(args)
     write_text(os.path.join(args.out_dir, "spread.md"), text)

@@ -236,7 +236,8 @@ def run_jobs(jobs, parallel):
             todo.remove(job)
             os.makedirs(os.path.dirname(job["log"]), exist_ok=True)
             with open(job["log"], "w") as log:
-                running.append((subprocess.Popen(job["command"], cwd=ROOT, env=env, stdout=log,
+                own = {**env, **job.get("env", {})}  # a job's own variables (shapes/spread.py's instruction set)
+                running.append((subprocess.Popen(job["command"], cwd=ROOT, env=own, stdout=log,
                                                  stderr=subprocess.STDOUT), job, time.time()))
             print(f"start {job['name']} (output in {job['log']})", flush=True)
         if not running:

@@ -2,7 +2,7 @@
 The peers' lane: an export used where embedders are used, sentence-transformers, mteb and plain transformers with
 torchvision installed (so transformers would pick its torchvision processors), against Embedder.encode. These need
 torchvision, which the project's CPU torch does not pair with, so they run in a virtual environment of their own
-(.ci/run makes it; the README's "Using a trained model" has the command); elsewhere they are skipped.
+(.ci/run makes it; docs/export.md has the commands); elsewhere they are skipped.
 
     PACE_PEERS=1 python -m pytest -q tests/test_peers.py          # in that environment
 """

@@ -1,6 +1,7 @@
 """
-shapes/spread.py, the README toy table's spread: its jobs are the main job's commands at each seed and thread count,
-and its summary is the mean ± std over seeds of what eval.py wrote, with the second thread count's moves.
+shapes/spread.py, the README toy table's spread: its jobs are the main job's commands at each seed, thread count and
+instruction set, and its summary is the mean ± std over seeds and instruction sets of what eval.py wrote, with the
+moves of the first seed at another thread count or instruction set.
 
     python -m pytest -q tests/test_spread.py
 """
@@ -40,20 +41,47 @@ def test_the_jobs_are_the_main_jobs_commands_at_each_seed_and_thread_count(tmp_p
         f"{tmp_path}/t2_s1338/stage1/step_000100", f"{tmp_path}/t2_s1338/stage1/export",
         f"{tmp_path}/t2_s1338/stage2/export"]
     assert jobs[1]["needs"] == [f"{tmp_path}/t2_s1338/stage1/step_000100"]
+    assert all(job["env"] == {} for job in jobs)  # this CPU's own kernels
+    other = spread.jobs(1338, 1, str(tmp_path), "/data", "default")
+    assert all(job["env"] == {"ATEN_CPU_CAPABILITY": "default"} for job in other)
+    assert f"--out_dir={tmp_path}/t1_default_s1338/stage1" in other[0]["command"]
+    # on other kernels the whole main job: a toy prepared there, its backbone pretrained there, read by every job
+    prepare = spread.prepare_job(str(tmp_path), "default")
+    assert prepare["command"][1:] == ["-m", "shapes.prepare", f"--out_dir={tmp_path}/toy_default"]
+    assert prepare["env"] == {"ATEN_CPU_CAPABILITY": "default"} and other[0]["needs"] == [prepare["done"]]
+    assert f"--init_from={tmp_path}/toy_default/tiny-qwen3.5" in other[0]["command"]
+    assert all("/data" not in " ".join(job["command"]) for job in other)
 
 
-def test_the_summary_is_the_mean_and_spread_over_seeds_and_the_moves_of_another_thread_count(tmp_path):
+def test_the_runs_are_every_seed_on_every_instruction_set_then_the_first_seed_at_other_thread_counts():
+    args = types.SimpleNamespace(seeds=[1, 2], threads=[1, 2, 4], capabilities=["", "default"])
+    assert spread.runs_of(args) == [(1, 1, ""), (2, 1, ""), (1, 1, "default"), (2, 1, "default"), (1, 2, ""),
+                                    (1, 4, "")]
+
+
+def test_the_summary_is_the_mean_and_spread_over_seeds_and_kernels_and_the_moves_of_another_float_order(tmp_path):
     for seed, base in ((1, 40.0), (2, 42.0), (3, 44.0)):
         write_run(str(tmp_path / f"t1_s{seed}"), [base, base + 10, base + 20], [3.0, 2.5, 2.0, 1.9],
                   steps=(1, 3, 5, 7))
+    for seed, base in ((1, 39.0), (2, 43.0), (3, 46.0)):  # the same seeds on the default kernels
+        write_run(str(tmp_path / f"t1_default_s{seed}"), [base, base + 10, base + 20], [3.0, 2.5, 2.0, 1.8],
+                  steps=(1, 3, 5, 7))
     # the two-thread run logged an extra step 2 (a slow run logs by time too): losses are matched by step
     write_run(str(tmp_path / "t2_s1"), [41.0, 49.5, 60.0], [3.0, 2.7, 2.5, 2.0001, 1.9], steps=(1, 2, 3, 5, 7))
-    text, numbers = spread.summary(types.SimpleNamespace(seeds=[1, 2, 3], threads=[1, 2], out_dir=str(tmp_path)))
+    text, numbers = spread.summary(types.SimpleNamespace(seeds=[1, 2, 3], threads=[1, 2],
+                                                         capabilities=["", "default"], out_dir=str(tmp_path)))
     first = numbers["table"][spread.CHECKPOINTS[0][0]]
-    assert first["CLS"]["mean"] == pytest.approx(42.0) and first["CLS"]["std"] == pytest.approx(2.0)
-    assert first["all"]["mean"] == pytest.approx(48.0) and first["Shapes-VID-RET"]["mean"] == pytest.approx(42.0)
-    assert "| Stage II, step 150 | 62.0 ± 2.0 | 63.0 ± 2.0 |" in text
-    order = numbers["order"][2]
+    six = [40.0, 42.0, 44.0, 39.0, 43.0, 46.0]  # the spread is over all six runs
+    assert first["CLS"]["mean"] == pytest.approx(42.333333) and first["CLS"]["std"] == pytest.approx(
+        (sum((v - 42.333333) ** 2 for v in six) / 5) ** 0.5)
+    assert (first["CLS"]["low"], first["CLS"]["high"]) == (39.0, 46.0)
+    assert first["all"]["mean"] == pytest.approx(48.333333) and first["Shapes-VID-RET"]["mean"] == pytest.approx(
+        42.333333)
+    assert "| Stage II, step 150 | 62.3 ± 2.6 | 63.3 ± 2.6 |" in text and "| Stage II, step 150 | 59.0-66.0 |" in text
+    kernels = numbers["order"]["t1_default_s1"]
+    assert kernels["largest_move"] == pytest.approx(1.0) and kernels["loss_gaps"]["stage1"] == (7, pytest.approx(0.1))
+    assert "Seed 1 at ATEN_CPU_CAPABILITY=default against t1_s1" in text
+    order = numbers["order"]["t2_s1"]
     assert order["loss_gaps"]["stage1"] == (5, pytest.approx(1e-4)) and order["largest_move"] == pytest.approx(1.0)
     assert order["loss_gaps"]["stage2"] == (5, pytest.approx(5e-5))
     assert order["moved"][spread.CHECKPOINTS[1][0]]["CLS"] == pytest.approx(-0.5)
