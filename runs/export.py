@@ -352,10 +352,15 @@ def check_checkpoint(path):
     return "step"
 
 
+def saved_spec(path):
+    """The embedding spec saved in a step folder or an export at path; None for a release, or where no folder is."""
+    return EmbeddingSpec.load(path) if os.path.isdir(path) else None
+
+
 def trained_dims(path, embedder):
     """The widths the checkpoint at path was trained at: its spec's dim (or the whole vector) and its
     matryoshka_dims; a release without a spec: its whole vector. -> sorted list"""
-    saved = EmbeddingSpec.load(path) if os.path.isdir(path) else None
+    saved = saved_spec(path)
     width = embedder.model.config.text_config.hidden_size
     return sorted({(saved.dim if saved else 0) or width, *(saved.matryoshka_dims if saved else ())})
 
@@ -375,7 +380,7 @@ def changed_settings(path, width, **changes):
     """The spec fields `changes` (eval.py's overrides, 0 or '' = the checkpoint's own) move away from the spec saved
     at path: {field: (saved, now)}; {} at the checkpoint's own settings, or for a release (no spec to differ from).
     width: the backbone's, which dim=0 means."""
-    saved = EmbeddingSpec.load(path) if os.path.isdir(path) else None
+    saved = saved_spec(path)
     own = lambda key: (saved.dim or width) if key == "dim" else getattr(saved, key)  # noqa: E731
     return {key: (getattr(saved, key), value) for key, value in changes.items()
             if saved and value not in (None, "", 0) and value != own(key)}
@@ -386,7 +391,7 @@ def inherited_spec(init_from, fields, chosen):
     config does not set (chosen: the keys a file or flag set) is init_from's spec's, so Stage II keeps Stage I's
     pooling, dim, matryoshka_dims, prompt and budgets. -> (fields, what differs from init_from's spec, said at start:
     ["pooling 'mean' kept (the config's default is 'last_token')", "similarity 'cos' -> 'dot'", ...])"""
-    earlier = EmbeddingSpec.load(init_from) if os.path.isdir(init_from) else None  # a release has none
+    earlier = saved_spec(init_from)
     if earlier is None:
         return dict(fields), []
     fields, said = dict(fields), []
