@@ -6,10 +6,15 @@ import json
 import os
 
 import pytest
+import torch
 
 from model import FAMILIES, Embedder
 from shapes.tiny_model import make_tiny_checkpoint
 from tests.toyrun import run_train
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread a worker, and in what it launches: two spinning thread
+    torch.set_num_threads(1)               # pools on two cores (two workers, a torchrun's ranks) wait on each other
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")

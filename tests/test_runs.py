@@ -423,11 +423,14 @@ def test_the_readmes_code_runs_as_a_script_in_another_folder(tiny_embedder, tmp_
     save_hf_folder(tiny_embedder.state_dict(), tiny_embedder.spec.replace(similarity="dot"),
                    str(tmp_path / "out" / "stage2" / "export"), {"step": 1})
     Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "photo.jpg")
+    os.makedirs(tmp_path / "clips" / "dog")
+    for frame in range(3):  # the README's video: a folder of frames
+        Image.new("RGB", (64, 48), (30, 30 + 60 * frame, 200)).save(tmp_path / "clips" / "dog" / f"{frame:03d}.jpg")
     (tmp_path / "my_script.py").write_text(code + "\nprint(tuple(vectors.shape), float(scores))\n")
     run = subprocess.run([sys.executable, "my_script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip().splitlines()[-1].startswith(f"(2, {tiny_embedder.dim}) ")
+    assert run.stdout.strip().splitlines()[-1].startswith(f"(3, {tiny_embedder.dim}) ")
     alone = subprocess.run([sys.executable, "my_script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert "No module named 'runs'" in alone.stderr  # without it, what the README's line fixes
