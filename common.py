@@ -1,12 +1,13 @@
 """
 common.py: the process around every script's work (nanochat's common.py in spirit): the process group and the
-device, progress lines, one-line errors for the mistakes a user must fix, atomic writes. It imports no other module
+device, progress lines, one-line errors for the mistakes a user must fix, lock files, atomic writes. It imports no other module
 of this project, so every module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
     raise UserError("train_data: no such file data/x.jsonl")         # printed as one line: 'error: ...'
     write_json("out/eval.json", result)                              # never half a file, even with two writers
+    holder = take_lock("out/stage1/run.lock")                        # None: this process holds it now
 
 UserError is the one exception class for a mistake the user must fix (a bad key or value, a missing file, a bad
 row, a refused out_dir): install_error_hook() prints it as `error: message` and nothing else. Every other error
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import time
 import uuid
@@ -114,6 +116,87 @@ def worker_count(wanted):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(0, min(wanted, share))
+
+
+def barrier():
+    """Every rank of the process group waits here for the others; one process goes straight on."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+# -----------------------------------------------------------------------------
+# lock files, as a shared cluster needs them: one run of an out_dir (runs/outdir.py), one writer of a prepared table
+# (readers/training.py). A lock holds its process's host, pid and start time, so a lock left by a process that died,
+# or whose pid the system gave to another process, is told apart from a live one.
+
+def take_lock(path, **fields):
+    """Create the lock file at path exclusively, holding lock_record(**fields). -> None when this process took it,
+    else the record of its live holder: a process running on this host, or one on another host (not this host's
+    to judge; {} while a holder is still writing it). A lock whose process no longer runs here (it died, or its pid
+    is another process's now), or one left empty for seconds, is taken over, with a note."""
+    for _ in range(3):
+        try:
+            with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
+                json.dump(lock_record(**fields), f)
+            return None
+        except FileExistsError:
+            holder = read_lock(path)
+            try:
+                young = time.time() - os.path.getmtime(path) < 5
+            except FileNotFoundError:  # its holder let it go just now
+                continue
+            if holder is None and young:
+                return {}
+            if holder is not None and (holder.get("host") != socket.gethostname() or alive_here(holder)):
+                return holder
+            print(f"note: took over {path}, " + ("left empty" if holder is None else
+                                                 f"left by pid {holder.get('pid')}, which no longer runs here"),
+                  flush=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    raise UserError(f"{path}: could not take the lock (other processes are taking it at the same moment)")
+
+
+def lock_record(**fields):
+    """What a lock file holds of the process taking it: its host, pid and start time (process_start), and fields."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid()), **fields}
+
+
+def read_lock(path):
+    """A lock file's record (lock_record), or None when there is none or it is empty (being written, or cut short)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def process_start(pid):
+    """When process pid started (clock ticks since boot, /proc/<pid>/stat), so a pid the system reused for another
+    process is told apart; None when there is no such process. Without /proc: True while the pid exists."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command in parentheses
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(int(pid), 0)
+            return True
+        except OSError:
+            return None
+
+
+def alive_here(record):
+    """True when a lock's process runs on this host: its pid exists and started when the lock says."""
+    if record.get("host") != socket.gethostname():
+        return False
+    try:
+        started = process_start(record["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return started is not None and started == record.get("process_start", started)
 
 
 # -----------------------------------------------------------------------------

@@ -22,8 +22,8 @@ go to (positional=...). Unlike nanoGPT's configurator, a file or flag that names
 (suggesting the closest, or the keys it abbreviates: --lr), `--learning_rate=1` is accepted for a float default, and
 one bare value of a list key is a one-item list (`--train_data=data/x.jsonl`), of a key whose default is the empty
 tuple a one-item tuple (`--matryoshka_dims=16`). The forms people type work too: a bare boolean flag (`--resume`),
-true / false in any case, and `--key value` with a space. A key a script has given up names what to run now (the
-script's MOVED: {key: what to run}). Every mistake is a common.UserError, which the scripts print as one line.
+true / false in any case, and `--key value` with a space. Every mistake is a common.UserError, which the scripts
+print as one line.
 """
 import ast
 import copy
@@ -47,10 +47,8 @@ def config_keys(namespace):
             if not key.startswith('_') and not key.isupper() and isinstance(value, CONFIG_TYPES)}
 
 
-def unknown_key_message(key, keys, source, moved=None):
-    """The error of an unknown key: the closest keys, or what to run now where the script names the key MOVED."""
-    if key in (moved or {}):
-        return f"{source}: {key!r} is no longer a key of this script: {moved[key]}"
+def unknown_key_message(key, keys, source):
+    """The error of an unknown key, naming the closest keys."""
     short = [k for k in keys if "".join(word[:1] for word in k.split("_")) == key or k.startswith(key)]  # --lr
     close = list(dict.fromkeys(short + difflib.get_close_matches(key, keys, n=3)))[:3]
     hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -81,14 +79,14 @@ def value_of_type(key, value, default, source):
     return value
 
 
-def parse_flag(arg, config, moved=None):
+def parse_flag(arg, config):
     """'--key=value' -> (key, value). A str key keeps the raw text unless it parses to a str literal; a list key
     given one value that is not a list takes it as a one-item list."""
     if '=' not in arg:
         raise UserError(f"{arg}: expected --key=value")
     key, text = arg[2:].split('=', 1)  # only the first '=' splits: --out_dir=a=b gives 'a=b'
     if key not in config:
-        raise UserError(unknown_key_message(key, config, arg, moved))
+        raise UserError(unknown_key_message(key, config, arg))
     default = config[key]
     if isinstance(default, bool) and text.strip().lower() in ("true", "false"):
         return key, text.strip().lower() == "true"  # --resume=true, --resume=FALSE
@@ -118,12 +116,12 @@ def file_values(path):
             if not key.startswith('_') and not callable(value) and not isinstance(value, types.ModuleType)}
 
 
-def read_config_file(path, config, moved=None):
+def read_config_file(path, config):
     """file_values of a config file, every name checked to be a key of config."""
     overrides = file_values(path)
     for key in overrides:
         if key not in config:
-            raise UserError(unknown_key_message(key, config, path, moved))
+            raise UserError(unknown_key_message(key, config, path))
     return overrides
 
 
@@ -142,7 +140,7 @@ def configure(namespace, args, positional=None):
         if arg.startswith('--') and '=' not in arg:  # --resume (a boolean, set), --max_iters 10 (the value after)
             key = arg[2:]
             if key not in config:
-                raise UserError(unknown_key_message(key, config, arg, namespace.get('MOVED')))
+                raise UserError(unknown_key_message(key, config, arg))
             if isinstance(config[key], bool) and not (args and args[0].lower() in ("true", "false")):
                 arg += "=True"
             elif not args or args[0].startswith('--'):
@@ -150,11 +148,11 @@ def configure(namespace, args, positional=None):
             else:
                 arg += "=" + args.pop(0)
         if arg.startswith('--'):
-            key, value = parse_flag(arg, config, namespace.get('MOVED'))
+            key, value = parse_flag(arg, config)
             config[key] = value_of_type(key, value, config[key], arg)
             chosen.add(key)
         elif arg.endswith('.py') or positional is None:
-            for key, value in read_config_file(arg, config, namespace.get('MOVED')).items():
+            for key, value in read_config_file(arg, config).items():
                 config[key] = value_of_type(key, value, config[key], arg)
                 chosen.add(key)
         else:

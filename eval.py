@@ -106,8 +106,6 @@ timeout_minutes = 10.0  # a collective that waits longer (a stopped or dead rank
 wandb_log = False  # log the results to the W&B run of the checkpoint's out_dir
 wandb_project = "pace"  # W&B project
 # -----------------------------------------------------------------------------
-MOVED = {key: "the geometry of training rows is python -m tools.geometry --init_from=CHECKPOINT --train_data=... "
-              "--image_dir=..." for key in ("geometry_train_data", "geometry_image_dir")}  # keys of an earlier eval.py
 
 
 # -----------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def visual_name(frames, kind="image"):
     return f"video {file} (the first of {len(frames)} frames)" if kind == "video" else f"image {file}"
 
 
-def video_frames(video):
+def frames_of(video):
     """A video as an item holds it -> the list of its frames (paths or PIL images): a list of frames, or a folder of
     them as training rows name one (frame_files' order). A ValueError if it is neither."""
     if isinstance(video, (str, os.PathLike)):  # a folder of frames, as a training row's ..._video

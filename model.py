@@ -29,7 +29,7 @@ import torch.nn as nn
 import deltanet
 import loss
 from common import Progress, UserError, write_json
-from media import IMAGE_MARKER, VIDEO_MARKER, Vision, frame_choice, image_size, load_image, video_frames, visual_name
+from media import IMAGE_MARKER, VIDEO_MARKER, Vision, frame_choice, image_size, load_image, frames_of, visual_name
 
 SPEC_FILE = "embedding_spec.json"  # beside the weights of every step folder and export: the EmbeddingSpec
 MARKERS = {"image": IMAGE_MARKER, "video": VIDEO_MARKER}
@@ -44,14 +44,13 @@ class Family:  # what differs between backbone families (config.json's model_typ
     name: str  # as the model card names it
     model_class: str  # transformers' class without an LM head: the Embedder's model
     tokenizer_class: str  # transformers' class for the folder's tokenizer.json
-    norm_offset: float  # the final RMSNorm's gain is norm_offset + w (Qwen3.5's is zero-centred: 1 + w)
     linear_attention: bool  # text_config.layer_types mixes in Gated DeltaNet layers (the FLOP count reads them)
 
 
 FAMILIES = {  # a third family: an entry here, a tiny checkpoint in shapes/tiny_model.py; see docs/forks.md
     # Qwen3_5Tokenizer, not the Qwen2Tokenizer a release names: before transformers 5.18 its split ignored combining marks
-    "qwen3_5": Family("Qwen3.5", "Qwen3_5Model", "Qwen3_5Tokenizer", 1.0, True),
-    "qwen3_vl": Family("Qwen3-VL", "Qwen3VLModel", "Qwen2Tokenizer", 0.0, False),
+    "qwen3_5": Family("Qwen3.5", "Qwen3_5Model", "Qwen3_5Tokenizer", True),
+    "qwen3_vl": Family("Qwen3-VL", "Qwen3VLModel", "Qwen2Tokenizer", False),
 }
 
 
@@ -68,7 +67,7 @@ def family_of(path):  # the Family of a local Hugging Face folder, by its config
     return FAMILIES[model_type]
 
 
-def users(function, *args):  # function(*args), its ValueError (media.py's, naming the file) raised as the user's
+def as_user_error(function, *args):  # function(*args), its ValueError (media.py's, naming the file) a UserError
     try:
         return function(*args)
     except ValueError as error:
@@ -89,14 +88,14 @@ class Pooling:  # a pooling choice and all that follows from it: the vector, and
     pool: object  # (B, L, D) final hidden states, (B, L) attention mask -> (B, D)
     sentence_transformers: str  # the pooling_mode of sentence-transformers' Pooling module
     words: str  # the model card's
-    code: str  # the card's plain-transformers expression, over one item's last_hidden_state
+    code: str  # the card's plain-transformers expression of it: over `hidden`, one item's (L, D) final states, and torch
 
 
 POOLINGS = {
     "last_token": Pooling(last_token, "lasttoken", "the last layer's hidden state at the final `<|endoftext|>`",
-                          "last_hidden_state[0, -1]"),
+                          "hidden[-1]"),
     "mean": Pooling(mean_of_tokens, "mean", "the mean of the last layer's hidden states over every token of the prompt",
-                    "last_hidden_state[0].mean(dim=0)"),
+                    "hidden.mean(dim=0)"),
 }
 
 
@@ -186,7 +185,7 @@ class Preprocessor:
         tokenizer = getattr(transformers, family_of(path).tokenizer_class).from_pretrained(path, local_files_only=True)
         spec, budgets, vision = (spec or EmbeddingSpec()).replace(**changes), {}, {}
         for kind, prefix in (("image", ""), ("video", "video_")):
-            processor = users(Vision.from_pretrained, path, kind)
+            processor = as_user_error(Vision.from_pretrained, path, kind)
             low = budgets[f"{prefix}min_pixels"] = getattr(spec, f"{prefix}min_pixels") or processor.size["shortest_edge"]
             high = budgets[f"{prefix}max_pixels"] = getattr(spec, f"{prefix}max_pixels") or processor.size["longest_edge"]
             if low > high:
@@ -225,7 +224,7 @@ class Preprocessor:
             raise UserError("an item holds an image or a video, not both")
         if video is None:
             return ("image", [image]) if image is not None else (None, [])
-        frames = users(video_frames, video)
+        frames = as_user_error(frames_of, video)
         return "video", [frames[k] for k in frame_choice(len(frames), self.spec.video_frames)]
 
     def overhead(self, kind, num_frames):  # tokens besides the pads: vision start and end, a video's timestamps
@@ -277,7 +276,7 @@ class Preprocessor:
         text, (kind, frames) = text or "", self.visual(image, video)
         if kind is None:
             return len(self.prefix_ids) + sum(map(len, self.text_ids(text))) + len(self.suffix_ids)
-        grid = self.grid(kind, frames, users(image_size, frames[0]), text, count=True)
+        grid = self.grid(kind, frames, as_user_error(image_size, frames[0]), text, count=True)
         return len(self.prefix_ids) + len(self.visual_tokens(text, kind, frames, grid)[0]) + len(self.suffix_ids)
 
     def __call__(self, text, image=None, video=None):
@@ -297,7 +296,7 @@ class Preprocessor:
         if kind is None:
             before, after = self.text_ids(text)
             return before + after, [len(before) + len(after)], None, None
-        frames = [users(load_image, frame) for frame in kept]
+        frames = [as_user_error(load_image, frame) for frame in kept]
         grid = self.grid(kind, kept, frames[0].size, text)
         ids, pieces = self.visual_tokens(text, kind, kept, grid)
         return ids, pieces, self.vision[kind].patches(frames, grid), torch.tensor([grid])
@@ -371,6 +370,7 @@ class Embedder(nn.Module):
     spec = property(lambda self: self.preprocessor.spec)  # what the vectors mean: the prompt is built from it
     family = property(lambda self: FAMILIES[self.model.config.model_type])
     dim = property(lambda self: self.spec.dim or self.model.config.text_config.hidden_size)  # of the vectors
+    device = property(lambda self: self.pixel_table.device)  # where it computes: a buffer, which FSDP2 never shards
 
     def pixel_values(self, patches, video=False):
         """(P, 3 * patch * patch) uint8 patches -> (P, 3 * temporal * patch * patch) float32 pixel values, bit for bit
@@ -385,7 +385,7 @@ class Embedder(nn.Module):
                 image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None):
         """A collated batch, on any device -> (B, D) float32 embeddings, pooled as the spec says; pixel values may be
         the Preprocessor's uint8 patches or transformers' floats."""
-        device = self.pixel_table.device
+        device = self.device
         move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
         pixels = lambda x, video: self.pixel_values(x, video) if x is not None and x.dtype == torch.uint8 else x  # noqa: E731
         attention_mask = move(attention_mask)

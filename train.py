@@ -34,7 +34,7 @@ import loss
 import train_step
 from common import UserError
 from model import EmbeddingSpec
-from readers import training as readers
+from readers import training
 from runs import checkpoint, cost, outdir
 from runs.export import check_checkpoint, inherited_spec, load_embedder, save_hf_folder
 
@@ -120,22 +120,22 @@ configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_
 # -----------------------------------------------------------------------------
 # data: the prepared table (converted from train_data on first use, by one process), checked before anything else
 
-table = data.TrainTable(readers.prepared_table(train_data, image_dir, table_dir, train_split, instructions,
+table = data.TrainTable(training.prepared_table(train_data, image_dir, table_dir, train_split, instructions,
                                                allow_any_image_path))
 if check_data:  # the table's name covers its row files, not their images: each looked up again (seconds)
-    table.subsets = readers.subsets_on_disk(table)
-problems = readers.image_dir_problems(train_data, image_dir, table.subsets) + readers.problems(
+    table.subsets = training.subsets_on_disk(table)
+problems = training.image_dir_problems(train_data, image_dir, table.subsets) + training.problems(
     table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, soft_labels == "judge")
 if len(table) < batch_size:
     problems.append(f"{len(table):,} usable rows cannot fill one batch of {batch_size}")
-sources = readers.mixture(train_data, image_dir, table.subsets, homogeneous_batch)  # None: rows drawn uniformly
+sources = training.mixture(train_data, image_dir, table.subsets, homogeneous_batch)  # None: rows drawn uniformly
 if check_data:  # --check_data=True: no model, no process group; what the run would meet before step 1, a verdict
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; a plain --check_data=True checks one process
     problems += common.refusals((data.check_batch, batch_size, ranks, homogeneous_batch),
                                 (check_checkpoint, init_from),
                                 (outdir.refuse_mixing, out_dir, not (resume or export_only), overwrite))
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])
-                    + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
+    print("\n".join(training.report_lines(table.subsets, num_hard_negatives, video_frames)
+                    + (training.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
     configurator.print_config(config)
     if spec_moves:
         print(spec_said)
@@ -155,7 +155,6 @@ ptdtype = getattr(torch, dtype)
 if threads:
     torch.set_num_threads(threads)
 torch.manual_seed(seed + rank)
-barrier = dist.barrier if distributed else (lambda: None)  # every rank waits here for the others
 
 # out_dir: one run at a time (the lock), never two runs mixed, what a crash left cleared; a bad init_from refused first
 check_checkpoint(init_from)
@@ -168,9 +167,9 @@ if master:
     configurator.print_config(config)
     if spec_moves:
         print(spec_said)
-    print("\n".join(readers.report_lines(table.subsets, num_hard_negatives, config["video_frames"])
-                    + (readers.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
-barrier()
+    print("\n".join(training.report_lines(table.subsets, num_hard_negatives, video_frames)
+                    + (training.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
+common.barrier()
 resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None, rank,
                                   world_size)
 resumed = checkpoint.read_info(resume_from) if resume_from else {}  # every rank resumes from what rank 0 verified
@@ -181,7 +180,7 @@ if (resume or export_only) and resume_from is None:
 if resume and not export_only and outdir.is_finished(resumed, max_iters, checkpoint.read_info(export_dir)):
     print(f"{out_dir} finished at step {max_iters} and is exported: nothing to do (export/ and its model card are "
           "kept; raise --max_iters to train on)")
-    barrier()
+    common.barrier()
     sys.exit(0)
 changed = outdir.resume_changes(resumed.get("config", {}), config, allow_config_change) if resume_from else {}
 if changed:
@@ -193,7 +192,7 @@ if master:
 # -----------------------------------------------------------------------------
 # model: a Hugging Face backbone, or a Stage I step folder whose LoRA is merged first (Stage II), under this run's spec
 
-embedder, init_info = load_embedder(init_from, torch.float32, **spec_fields)
+embedder, _ = load_embedder(init_from, torch.float32, **spec_fields)
 if lora.merge_lora(embedder):  # Stage II from a Stage I step folder: fold its adapters into W
     print(f"merged the LoRA adapters of {init_from}")
 language_model = embedder.model.language_model
@@ -220,8 +219,8 @@ print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
 if embedder.family.linear_attention:
     print(cost.kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
-loss_args = dict(similarity=config["similarity"], temperature=temperature, focal_gamma=focal_gamma,  # eqs. (3)-(7)
-                 focal_temperature=focal_temperature, weighting=weighting, matryoshka_dims=config["matryoshka_dims"])
+loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,  # eqs. (3)-(7)
+                 focal_temperature=focal_temperature, weighting=weighting, matryoshka_dims=matryoshka_dims)
 judged = soft_labels == "judge"
 if judged:
     loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight,
@@ -278,7 +277,7 @@ def save_checkpoint(step):
         "skipped_rows": skipped_rows_total, "config": config})
     if master:
         outdir.prune(out_dir, keep_last, keep_checkpoints)
-    barrier()
+    common.barrier()
 
 
 def export(step):
@@ -289,7 +288,7 @@ def export(step):
         state = lora.merge_lora_state_dict(state, lora_alpha)
         save_hf_folder(state, embedder.spec, export_dir, {"step": step, "trained_lora_rank": lora_rank, "config": config})
         print(f"exported {export_dir}")
-    barrier()
+    common.barrier()
 
 
 # -----------------------------------------------------------------------------
@@ -322,17 +321,17 @@ while step < max_iters:
         group["lr"] = lr
     terms = train_step.forward_backward(embedder, batch, loss_args, grad_cache_chunk, autocast, judged)
     grad_norm = train_step.clip_gradients(trainable, grad_clip)
-    # one all-reduce a step, summed over the ranks: the loss (eq. 7: the mean of the ranks' terms.loss), whether the
-    # embeddings collapsed (every logit of a query alike, on every rank), this rank's undecodable rows, whether it
-    # has been 30 s since the last line, whether a stop signal came and whether checkpoint_minutes have passed since
-    # the last save: every rank then skips, logs, saves and stops at the same steps (each a collective)
-    step_totals = torch.cat([torch.stack([terms.loss.detach().float() / world_size, loss.collapse_flag(terms)]),
-                        torch.tensor([len(batch["skipped"]), float(time.time() - log.window["start"] > 30),
-                                      float(bool(stop.received)), float(0 < checkpoint_minutes * 60 < time.time() - last_save)],
-                                     device=run_device)])
+    # one all-reduce a step, summed over the ranks, so that every rank skips, logs, saves and stops at the same
+    # steps (each a collective): the loss (eq. 7, the mean of the ranks' terms.loss), whether the embeddings
+    # collapsed (every logit of a query alike), this rank's undecodable rows, 30 s since the last line, a stop
+    # signal, checkpoint_minutes since the last save
+    now = time.time()
+    host = torch.tensor([len(batch["skipped"]), now - log.window["start"] > 30, bool(stop.received),
+                         0 < checkpoint_minutes * 60 < now - last_save], dtype=torch.float32, device=run_device)
+    step_totals = torch.cat([torch.stack([terms.loss.detach().float() / world_size, loss.collapse_flag(terms)]), host])
     if distributed:
         dist.all_reduce(step_totals)
-    loss_value, collapsed, skipped_now, slow, signalled, save_due = step_totals.tolist()  # one read back to the host
+    loss_value, collapsed, skipped_now, line_due, signalled, save_due = step_totals.tolist()  # one read to the host
     problem = ("a non-finite loss or gradient" if not (math.isfinite(loss_value) and math.isfinite(grad_norm))
                else "collapsed embeddings (every logit of a query alike)" if collapsed == world_size else "")
     if not problem:  # the same verdict on every rank: the loss and the norm are global
@@ -347,7 +346,7 @@ while step < max_iters:
     log.add(chunks, batch["skipped"], int(skipped_now), cost.step_flops(embedder, chunks, lora_rank == 0) if gpu_peak else 0)
     skipped_rows_total += int(skipped_now)  # every step, so a checkpoint at any step saves it
     stopping = signalled > 0
-    if step % log_interval == 0 or step in (1, max_iters) or slow > 0 or stopping:  # statistics: one all-reduce more
+    if step % log_interval == 0 or step in (1, max_iters) or line_due > 0 or stopping:  # statistics: one all-reduce more
         log.line(step, loss.statistics(terms), lr, grad_norm,
                  {"bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total})
     if bad_in_row >= max_bad_steps:
@@ -379,7 +378,7 @@ elif stopped:
 else:
     export(step)
     print(f"draw the training curves: python -m tools.plot {out_dir}")
-barrier()
+common.barrier()
 if distributed:
     dist.destroy_process_group()
 sys.exit(1 if stopped else outdir.EXIT_RESUME if stopping else 0)

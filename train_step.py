@@ -34,6 +34,11 @@ def fully_shard_embedder(embedder, param_dtype):
     fully_shard(embedder, mp_policy=policy)
 
 
+def sharded(module):
+    """True when fully_shard wrapped module (FSDP2 adds set_requires_gradient_sync): its parameters are DTensors."""
+    return hasattr(module, "set_requires_gradient_sync")
+
+
 def trainable_parameters(embedder):
     return [p for p in embedder.parameters() if p.requires_grad]
 
@@ -54,17 +59,16 @@ def adamw(embedder, lr, betas, weight_decay, sharded):
     trainable = trainable_parameters(embedder)
     groups = [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
-    device_type = embedder.pixel_table.device.type
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, **adamw_options(torch.__version__, device_type, sharded))
+    options = adamw_options(torch.__version__, embedder.device.type, sharded)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **options)
 
 
 def autocast_for(embedder, dtype):
     """The autocast a step runs under: none when FSDP2 casts (it holds its own MixedPrecisionPolicy) or the compute
     dtype is float32; else bf16 autocast on the embedder's device (one process on a GPU)."""
-    sharded = hasattr(embedder, "set_requires_gradient_sync")  # what fully_shard adds
-    if sharded or dtype == torch.float32:
+    if sharded(embedder) or dtype == torch.float32:
         return nullcontext()
-    return torch.autocast(embedder.pixel_table.device.type, dtype=dtype)
+    return torch.autocast(embedder.device.type, dtype=dtype)
 
 
 def embed(embedder, chunk, autocast=None):
@@ -82,34 +86,30 @@ def forward_backward(embedder, batch, loss_args, grad_cache_chunk=0, autocast=No
     graph; 2) the loss, and its gradient with respect to those embeddings; 3) embed each chunk again, with a
     graph, and backpropagate its share of that gradient. The same gradients as the plain step: each re-embedding
     replays its first pass's RNG state (dropout draws the same masks), and FSDP2 reduces gradients once, after
-    the last chunk."""
-    device = embedder.pixel_table.device
+    the last chunk. Both compute the loss at one line, the place for what a fork adds to it."""
+    device = embedder.device
     targets = batch["targets"].to(device)
     if judged:  # UniME-V2's alignment: each query's own candidates and their scores
         loss_args = dict(loss_args, judge_scores=batch["judge_scores"].to(device),
                          own_candidates=batch["own_candidates"].to(device))
-    if not grad_cache_chunk:
-        q = torch.cat([embed(embedder, chunk, autocast) for chunk in batch["query"]])  # (n, D)
-        c = torch.cat([embed(embedder, chunk, autocast) for chunk in batch["candidate"]])  # (n * (1 + K), D)
-        terms = loss.pace_loss(q, c, targets, **loss_args)
-        terms.loss.backward()
-        return terms
-    chunks = batch["query"] + batch["candidate"]
-    rng_states, embeddings = [], []
-    with torch.no_grad():  # 1)
+    chunks, rng_states = batch["query"] + batch["candidate"], []
+    with torch.no_grad() if grad_cache_chunk else nullcontext():  # GradCache's 1): no graph
+        embeddings = []
         for chunk in chunks:
-            rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if device.type == "cuda" else None))
-            embeddings.append(embed(embedder, chunk, autocast).requires_grad_())
+            if grad_cache_chunk:
+                rng_states.append((torch.get_rng_state(), torch.cuda.get_rng_state() if device.type == "cuda" else None))
+            embeddings.append(embed(embedder, chunk, autocast))
+    if grad_cache_chunk:  # 2) the loss's gradient stops at the embeddings
+        embeddings = [e.requires_grad_() for e in embeddings]
     num_query_chunks = len(batch["query"])
-    q, c = torch.cat(embeddings[:num_query_chunks]), torch.cat(embeddings[num_query_chunks:])
+    q, c = torch.cat(embeddings[:num_query_chunks]), torch.cat(embeddings[num_query_chunks:])  # (n, D), (n * (1 + K), D)
     terms = loss.pace_loss(q, c, targets, **loss_args)
-    terms.loss.backward()  # 2) d loss / d embedding into each embeddings[i].grad
-    sharded = hasattr(embedder, "set_requires_gradient_sync")
-    for i, (chunk, cached, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, embeddings, rng_states)):  # 3)
+    terms.loss.backward()  # plain: into the parameters; GradCache: d loss / d embedding into each embeddings[i].grad
+    for i, (chunk, cached, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, embeddings, rng_states)):  # GradCache's 3)
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng)
-        if sharded:
+        if sharded(embedder):
             embedder.set_requires_gradient_sync(i == len(chunks) - 1)
         embed(embedder, chunk, autocast).backward(cached.grad)
     return terms

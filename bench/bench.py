@@ -110,7 +110,7 @@ def step_inputs(embedder, loss_args, grad_cache, autocast):
     similarity and temperature, the paper's focal settings) and the GradCache chunk (0: plain)."""
     return {"embedder": embedder, "trainable": train_step.trainable_parameters(embedder), "autocast": autocast,
             "loss_args": {**loss_args, **FOCAL}, "grad_cache_chunk": grad_cache_chunk if grad_cache else 0,
-            "device": embedder.pixel_table.device}
+            "device": embedder.device}
 
 
 def train_step_once(step, optimizer, batch):
@@ -135,7 +135,7 @@ def floor_step(step, batch, one_graph):
         sum(train_step.embed(embedder, chunk, step["autocast"]).sum() for chunk in chunks).backward()
     else:
         for i, chunk in enumerate(chunks):
-            if fsdp:
+            if train_step.sharded(embedder):
                 embedder.set_requires_gradient_sync(i == len(chunks) - 1)
             train_step.embed(embedder, chunk, step["autocast"]).sum().backward()
     for p in step["trainable"]:

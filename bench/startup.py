@@ -27,7 +27,7 @@ import common
 import data
 from media import IMAGE_MARKER
 from readers import mmeb
-from readers import training as readers
+from readers import training
 
 WORDS = "the a red green blue small large image shows photo of on in at left right question answer caption".split()
 
@@ -105,7 +105,7 @@ def measure_conversion(train_data, image_dir, table_dir):
         before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        path = readers.prepared_table(json.loads(train_data), image_dir, table_dir)
+        path = training.prepared_table(json.loads(train_data), image_dir, table_dir)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     print(json.dumps({"rows": len(data.TrainTable(path)), "seconds": seconds, "peak_growth": peak - before,
@@ -123,9 +123,9 @@ def measure_start(train_data, image_dir, table_dir, num_negatives, batch_size, s
     private, shared = memory()
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        table = data.TrainTable(readers.prepared_table(json.loads(train_data), image_dir, table_dir))
-        problems = readers.problems(table.subsets, num_negatives, False)
-        print("\n".join(readers.report_lines(table.subsets, num_negatives)))
+        table = data.TrainTable(training.prepared_table(json.loads(train_data), image_dir, table_dir))
+        problems = training.problems(table.subsets, num_negatives, False)
+        print("\n".join(training.report_lines(table.subsets, num_negatives)))
     if mixture:
         sources = [{"ranges": [(s["start"], s["stop"])], "weight": 1 + k % 3} for k, s in enumerate(table.subsets)]
         sampler = data.MixtureSampler(sources, batch_size, 3, 8, seed, 16)
@@ -145,10 +145,10 @@ def measure_check(train_data, image_dir, table_dir, num_negatives):
     (readers.training.subsets_on_disk), check and print the reports. One JSON line: rows, seconds, bad rows."""
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        table = data.TrainTable(readers.prepared_table(json.loads(train_data), image_dir, table_dir))
-        subsets = readers.subsets_on_disk(table)
-        problems = readers.problems(subsets, num_negatives, False)
-        print("\n".join(readers.report_lines(subsets, num_negatives)))
+        table = data.TrainTable(training.prepared_table(json.loads(train_data), image_dir, table_dir))
+        subsets = training.subsets_on_disk(table)
+        problems = training.problems(subsets, num_negatives, False)
+        print("\n".join(training.report_lines(subsets, num_negatives)))
     seconds = time.perf_counter() - start
     print(json.dumps({"rows": len(table), "seconds": seconds, "bad": sum(sum(s["bad"].values()) for s in subsets),
                       "problems": len(problems)}))

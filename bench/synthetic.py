@@ -30,7 +30,7 @@ import data
 import lora
 from media import VIDEO_MARKER, smart_resize
 from model import Embedder
-from readers import training as readers
+from readers import training
 from readers.evaluation import find_eval_datasets, read_eval_dataset
 
 # Qwen3.5-0.8B-Base and Qwen3.5-2B-Base as released (model type qwen3_5), read off public copies of the release
@@ -154,7 +154,7 @@ def jpeg_dataset(folder, preprocessor, num_rows, num_negatives, max_pixels, seed
                                 "negatives": [n["text"] for n in negatives],
                                 "negative_images": [path(n) for n in negatives]}) + "\n")
     with contextlib.redirect_stdout(io.StringIO()):
-        table = data.TrainTable(readers.prepared_table(os.path.join(folder, "rows.jsonl"), folder,
+        table = data.TrainTable(training.prepared_table(os.path.join(folder, "rows.jsonl"), folder,
                                                        os.path.join(folder, "tables"), instructions="dataset"))
     share = float(np.mean([s["image"] is not None for r in rows for s in [r["query"]] + r["candidates"]]))
     return data.TrainDataset(table, preprocessor, num_negatives, seed), share
@@ -224,7 +224,7 @@ def toy_data(folder, checkpoint, num_negatives, seed):
     toy = prepare(os.path.join(folder, "shapes"), seed=seed, num_train=400)  # 10 batches of 32 for the padding
     embedder = Embedder.from_pretrained(checkpoint, max_length=512, max_pixels=128 * 128)
     with contextlib.redirect_stdout(io.StringIO()):
-        table = data.TrainTable(readers.prepared_table(toy["train"], toy["images"], os.path.join(folder, "tables")))
+        table = data.TrainTable(training.prepared_table(toy["train"], toy["images"], os.path.join(folder, "tables")))
     return embedder, toy, data.TrainDataset(table, embedder.preprocessor, num_negatives, seed)
 
 

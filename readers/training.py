@@ -39,7 +39,6 @@ import difflib
 import hashlib
 import json
 import os
-import socket
 import time
 
 import numpy as np
@@ -47,13 +46,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import data
-from common import Progress, UserError, relative_hint, replaced_atomically
+from common import Progress, UserError, relative_hint, replaced_atomically, take_lock
 from readers import mmeb, v2_train
 from readers.records import (DATA_SUFFIXES, MMEB_NAMES, PLAIN_NAMES, TRAIN_COLUMNS, BadRow, ImagePaths,
                              data_files, is_junk, layout_of, read_records, split_files, train_row, unknown_columns)
 from media import frame_files
 from readers.reports import SourceReport
-from runs.lock import alive_here, lock_record, read_lock
 
 FORMAT = 4  # the conversion's rules: raise it when a change to this file or readers/records.py changes any row
 DISTINCT_CAP = 1000  # a subset's distinct candidates are counted up to this many (the fill needs K + 1)
@@ -167,43 +165,24 @@ def prepared_table(train_data, image_dir, table_dir="data/tables", train_split="
     entries = train_entries(train_data, image_dir)
     sources = [train_subsets(entry["path"], train_split, entry["parser"]) for entry in entries]
     path = table_path(entries, sources, table_dir, train_split, instructions, allow_any_image_path)
-    lock, waited = path + ".lock", 0.0
+    lock, waited = path + ".lock", 0
+    os.makedirs(table_dir, exist_ok=True)
     while not os.path.isfile(data.info_path(path)):
-        try:
-            os.makedirs(table_dir, exist_ok=True)
-            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if lock_is_stale(lock):
-                print(f"data: took over {lock}, left by a conversion that no longer runs", flush=True)
-                os.remove(lock)
-                continue
-            if waited % 30 < 1:
-                print(f"data: waiting for {lock_holder(lock)} to convert train_data into {path} (if that process "
-                      f"is gone, delete {lock})", flush=True)
+        holder = take_lock(lock)  # None: this process converts; else another does, and this one waits
+        if holder is not None:
+            if waited % 30 == 0:
+                who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
+                print(f"data: waiting for {who} to convert train_data into {path} (if that process is gone, delete "
+                      f"{lock})", flush=True)
             time.sleep(1.0)
-            waited += 1.0
+            waited += 1
             continue
-        with os.fdopen(descriptor, "w") as f:
-            json.dump(lock_record(), f)
         try:
             if not os.path.isfile(data.info_path(path)):  # another writer may have finished just before
                 convert(entries, sources, path, instructions, allow_any_image_path)
         finally:
             os.remove(lock)
     return path
-
-
-def lock_holder(lock):
-    holder = read_lock(lock)
-    known = holder is not None and {"pid", "host"} <= set(holder)
-    return f"pid {holder['pid']} on {holder['host']}" if known else "another process"
-
-
-def lock_is_stale(lock):
-    """True when the lock's writer ran on this host and no longer runs (its pid is gone, or now another process's)."""
-    holder = read_lock(lock)
-    here = holder is not None and "pid" in holder and holder.get("host") == socket.gethostname()
-    return here and not alive_here(holder)
 
 
 def convert(entries, sources, path, instructions, allow_any_image_path):
@@ -221,7 +200,7 @@ def convert(entries, sources, path, instructions, allow_any_image_path):
                     report = SourceReport(subset, dataset if not entry["data_mode"] else
                                           f"{dataset}:{entry['data_mode']}", split)
                     report.leak, report.start, report.entry = dataset in mmeb.OOD_DATASETS, rows, k
-                    parse = entry["parser"] and (lambda record, e=entry, p=pages, i=images: parsed(record, e, p, i))
+                    parse = entry["parser"] and (lambda record, e=entry, p=pages, i=images: plain_of_source(record, e, p, i))
                     for batch in subset_batches(report, subset_files, entry["max_rows"], images, instructions,
                                                 len(reports), files, parse):
                         writer.write_batch(batch)
@@ -239,7 +218,7 @@ def convert(entries, sources, path, instructions, allow_any_image_path):
           f"({rows / max(time.time() - start, 1e-9):,.0f} rows/s)", flush=True)
 
 
-def parsed(record, entry, pages, images):
+def plain_of_source(record, entry, pages, images):
     """A record of a VLM2Vec-V2 source -> its plain-layout record (readers/v2_train.py); a page it wrote is noted in
     images' listing. A record the parser cannot read is a bad row."""
     try:
@@ -255,7 +234,7 @@ def parsed(record, entry, pages, images):
 def subset_batches(report, subset_files, max_rows, images, instructions, index, files, parse=None):
     """One subset's rows as record batches of data.SCHEMA, its report filled in as they are read. A bad row is
     counted and left out; a subset that cannot be read, or holds no row, gets a failure. parse: a VLM2Vec-V2
-    source's reader (parsed), whose rows keep their texts (no instructions are rewritten)."""
+    source's reader (plain_of_source), whose rows keep their texts (no instructions are rewritten)."""
     rewrite, columns, distinct = mmeb.Instructions(instructions), {name: [] for name in data.COLUMNS}, set()
     keep = (lambda text: text) if parse else (lambda text: rewrite(text, report.dataset))  # noqa: E731
     try:

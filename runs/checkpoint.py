@@ -26,6 +26,7 @@ import zlib
 
 import torch
 
+import common
 from common import UserError
 
 # what defines a run: changing one on resume makes the rest of the run another experiment than its first steps.
@@ -244,27 +245,25 @@ def save_step(path, model, optimizer, rank, world_size, info):
     """Each rank writes its shards (torch.distributed.checkpoint) and RNG state into path.tmp; rank 0 the embedding
     spec and pace.json (info, and every file's size and checksum), then renames the folder, so a complete-looking
     checkpoint is a complete one."""
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    barrier = dist.barrier if world_size > 1 else (lambda: None)
     tmp = path + ".tmp"
     print(f"saving {path} ...", flush=True)  # minutes for a full model and its optimizer: not silence
     if rank == 0:
         remove(tmp)
         os.makedirs(tmp)
         model.spec.save(tmp)
-    barrier()
+    common.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
-    cuda = model.pixel_table.device.type == "cuda"
+    cuda = model.device.type == "cuda"
     torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if cuda else None},
                os.path.join(tmp, f"rng_rank{rank}.pt"))
-    barrier()
+    common.barrier()
     files = record_files(tmp, rank, world_size)
     if rank == 0:
         finish(tmp, path, dict(info, files=files))
-    barrier()
+    common.barrier()
     print(f"saved {path}")
 
 
@@ -281,6 +280,6 @@ def load_step(path, model, optimizer, rank, world_size):
     if os.path.isfile(rng_path) and info.get("world_size") == world_size:
         rng = load_rng(rng_path)
         torch.set_rng_state(rng["cpu"])
-        if rng["cuda"] is not None and model.pixel_table.device.type == "cuda":
+        if rng["cuda"] is not None and model.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"])
     return info

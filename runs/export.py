@@ -226,7 +226,8 @@ def embed(text="", image=None):
     if image is not None:  # which tokens are the image's: the model needs it beside the pixels
         extra["mm_token_type_ids"] = (inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
     with torch.no_grad():
-        return model(**inputs, **extra, use_cache=False).{pooling_code}
+        hidden = model(**inputs, **extra, use_cache=False).last_hidden_state[0]  # (L, D): the prompt's final states
+    return {pooling_code}
 
 query = embed("Find the caption that best describes this picture: a red circle")
 candidate = embed("a red circle")
@@ -279,7 +280,7 @@ def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
         + (f" Its first {', '.join(map(str, spec.matryoshka_dims))} dimensions were trained as vectors too (Matryoshka):"
            " truncate to one of them (`truncate_dim=`) and compare the same way." if spec.matryoshka_dims else ""),
         max_length=spec.max_length, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
-        pooling=spec.pooling.replace("_", "-"), pooling_code=POOLINGS[spec.pooling].code + (f"[:{spec.dim}]" if spec.dim else ""),
+        pooling=spec.pooling.replace("_", "-"), pooling_code=f"({POOLINGS[spec.pooling].code})[:{spec.dim}]" if spec.dim else POOLINGS[spec.pooling].code,
         truncate=f", truncate_dim={spec.dim}" if spec.dim else "", folder=folder, system_prompt=spec.system_prompt,
         score_expression="query @ candidate" if dot else "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
         encode_score_expression="vectors[0] @ vectors[1]" if dot else

@@ -24,10 +24,10 @@ import sys
 import time
 import uuid
 
+import common
 from common import UserError, duration, write_json, write_text
 from model import EmbeddingSpec
 from runs.checkpoint import NOT_COMPARED, complete, defining, read_info, remove, verify
-from runs.lock import alive_here, lock_record, read_lock
 
 EXIT_RESUME = 75  # EX_TEMPFAIL ("try again later"): stopped on a signal with a checkpoint written; resume me
 LOCK = "run.lock"
@@ -37,39 +37,26 @@ LOCK = "run.lock"
 # one run at a time
 
 def take_lock(out_dir):
-    """Hold out_dir's lock for this run: out_dir/run.lock, created exclusively, holding host, pid, start time and
-    command. A lock of a live run is refused naming it; one whose process no longer exists on this host is taken
-    over with a message; one from another host is refused with the way to clear it. -> the lock's path"""
+    """Hold out_dir's lock for this run: out_dir/run.lock (common.take_lock), holding host, pid, start time and
+    command. A lock of a live run is refused naming it; one whose process no longer runs on this host is taken
+    over with a note; one from another host is refused with the way to clear it. -> the lock's path"""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, LOCK)
-    record = lock_record(started=time.strftime("%Y-%m-%d %H:%M:%S"), command=" ".join(sys.argv))
-    for _ in range(2):
-        try:
-            with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
-                json.dump(record, f)
-            return path
-        except FileExistsError:
-            holder = read_lock(path)
-            if holder is None:
-                print(f"note: {path} was empty (a run that stopped while taking it): taking it over")
-            elif alive_here(holder):
-                raise UserError(f"{out_dir} is in use by a running run: pid {holder['pid']} on this host, started "
-                                f"{holder['started']} ({holder['command']}); wait for it, stop it, or use another "
-                                "--out_dir") from None
-            elif holder.get("host") != socket.gethostname():
-                raise UserError(f"{out_dir} is locked by a run on host {holder.get('host')} (pid {holder.get('pid')}, "
-                                f"started {holder.get('started')}); if that run is gone, delete {path} and start "
-                                "again") from None
-            else:
-                print(f"note: took over {path}, left by pid {holder['pid']} (started {holder['started']}), which "
-                      "no longer runs here")
-            os.remove(path)
-    raise UserError(f"{path}: could not take the lock (another launch is taking it at the same moment)")
+    holder = common.take_lock(path, started=time.strftime("%Y-%m-%d %H:%M:%S"), command=" ".join(sys.argv))
+    if holder is None:
+        return path
+    if not holder:
+        raise UserError(f"{path}: another launch is taking this out_dir at the same moment; use another --out_dir")
+    if holder.get("host") != socket.gethostname():
+        raise UserError(f"{out_dir} is locked by a run on host {holder.get('host')} (pid {holder.get('pid')}, "
+                        f"started {holder.get('started')}); if that run is gone, delete {path} and start again")
+    raise UserError(f"{out_dir} is in use by a running run: pid {holder['pid']} on this host, started "
+                    f"{holder.get('started')} ({holder.get('command')}); wait for it, stop it, or use another --out_dir")
 
 
 def release_lock(path):
     """Give the lock back, if it is still this process's."""
-    if path and (read_lock(path) or {}).get("pid") == os.getpid():
+    if path and (common.read_lock(path) or {}).get("pid") == os.getpid():
         os.remove(path)
 
 
@@ -135,7 +122,7 @@ def resume_changes(before, after, allow_config_change):
     only steers the rest (max_iters, the learning rate and its schedule, logging, checkpointing, workers) is
     allowed. Keys the checkpoint does not have (an older run's) count as unchanged."""
     changed = {key: [before[key], value] for key, value in after.items()
-               if key in before and key not in NOT_COMPARED and normal(before[key]) != normal(value)}
+               if key in before and key not in NOT_COMPARED and as_stored(before[key]) != as_stored(value)}
     refused = [key for key in changed if key in defining(after)]
     if refused and not allow_config_change:
         raise UserError("resuming would change what defines the run: " + ", ".join(
@@ -144,7 +131,7 @@ def resume_changes(before, after, allow_config_change):
     return changed
 
 
-def normal(value):
+def as_stored(value):
     """A value as config.json stores it (tuples as lists), so a round trip through JSON is no change."""
     return json.loads(json.dumps(value))
 

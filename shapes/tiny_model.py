@@ -61,6 +61,9 @@ def _tiny_tokenizer(vocab_size=1024):
     return tokenizer
 
 
+NORM_OFFSET = {"qwen3_5": 1.0}  # a family's final RMSNorm gain is offset + w: Qwen3.5's zero-centred 1 + w, else w
+
+
 def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0, consolidated=False, family="qwen3_5"):
     """Write a tiny random backbone of a family in model.FAMILIES (text and vision) with a byte-level BPE
     tokenizer into out_dir, in the file layout of its release: 'qwen3_5' (Qwen3.5-0.8B-Base: Gated DeltaNet and
@@ -117,7 +120,7 @@ def make_tiny_checkpoint(out_dir, seed=0, final_norm_std=0.0, consolidated=False
                 # pictures of different colours then give cos 0.95, not 0.999 (tests/test_model.py).
                 param.copy_(torch.empty_like(param).uniform_(0.005, 0.05).log())
         if final_norm_std:  # drawn last, so the other weights do not depend on it; (D,): the gain is offset + w
-            model.model.language_model.norm.weight.normal_(1.0 - FAMILIES[family].norm_offset, final_norm_std)
+            model.model.language_model.norm.weight.normal_(1.0 - NORM_OFFSET.get(family, 0.0), final_norm_std)
     model.save_pretrained(out_dir)
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                             unk_token=None).save_pretrained(out_dir)

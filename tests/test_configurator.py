@@ -50,12 +50,6 @@ def test_every_call_starts_from_the_scripts_defaults_and_constants_are_no_keys()
         configure(namespace, ['--SCORE_KEYS=()'])
 
 
-def test_a_key_a_script_gave_up_says_what_to_run_now():
-    import eval as evaluation
-    with pytest.raises(UserError, match=r"--geometry_train_data=x: .*no longer.*python -m tools.geometry"):
-        evaluation.main(["--geometry_train_data=x"])
-
-
 def test_bare_arguments_are_config_files_or_a_scripts_paths(tmp_path):
     path = write(tmp_path, 'batch_size = 16\n')
     namespace = dict(script_globals(), paths=[])

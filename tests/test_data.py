@@ -608,7 +608,7 @@ def test_one_writer_converts_while_the_others_wait(tmp_path):
     import subprocess
     import threading
 
-    from runs.lock import lock_record
+    from common import lock_record
     from readers import training
     source = write_jsonl(tmp_path / "rows.jsonl", [record(i) for i in range(3000)])
     results = multiprocessing.get_context("fork").Queue()

@@ -81,6 +81,9 @@ def test_nothing_imports_upward_and_the_method_imports_no_room():
         rooms = {other.split(".")[0] for other in imports_of(module) if "." in other}
         allowed = {"readers", "runs"} if module in ("train", "eval") else set()
         assert rooms <= allowed, (module, sorted(imports_of(module)))
+    for module in modules:  # the readers stand below the run management (runs/ reads results through them)
+        if module.startswith("readers."):
+            assert not any(other.startswith("runs") for other in imports_of(module)), (module, sorted(imports_of(module)))
     for module in ("common", "media", "deltanet"):  # the ground floor stands on nothing
         assert imports_of(module) == frozenset(), (module, sorted(imports_of(module)))
     assert imports_of("configurator") <= {"common"}

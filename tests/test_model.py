@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from common import UserError
 from media import IMAGE_MARKER, VIDEO_MARKER, smart_resize
 from model import FAMILIES, Embedder, EmbeddingSpec, Preprocessor
-from shapes.tiny_model import make_tiny_checkpoint
+from shapes.tiny_model import NORM_OFFSET, make_tiny_checkpoint
 from tests.test_media import _frames, _images
 
 SYSTEM_PROMPT = EmbeddingSpec().system_prompt
@@ -269,7 +269,7 @@ def test_pooling_reads_the_state_after_the_final_norm(tmp_path, family):
     torch.testing.assert_close(vectors, last(seen["after"]), atol=1e-6, rtol=0)
     assert (vectors - last(seen["before"])).abs().max() > 0.1
     weight = norm.weight.detach()
-    gain = FAMILIES[family].norm_offset + weight  # Qwen3.5's zero-centred norm: 1 + w; Qwen3-VL's: w
+    gain = NORM_OFFSET.get(family, 0.0) + weight  # Qwen3.5's zero-centred norm: 1 + w; Qwen3-VL's: w
     expected = 8 * gain * last(seen["before"]) / last(seen["before"]).norm(dim=-1, keepdim=True)  # sqrt(D) = 8
     torch.testing.assert_close(vectors, expected, atol=1e-3, rtol=1e-3)  # the RMSNorm's output
 

@@ -15,7 +15,7 @@ import torch
 
 import configurator
 from common import UserError
-from model import SPEC_FILE, Embedder, EmbeddingSpec
+from model import POOLINGS, SPEC_FILE, Embedder, EmbeddingSpec
 from runs import checkpoint, outdir, results
 from runs.export import load_embedder, model_card
 from tests.toyrun import help_defaults
@@ -94,28 +94,34 @@ def test_every_loader_gives_the_spec_an_export_holds(tiny_checkpoint, tmp_path):
     assert (release.min_pixels, release.max_pixels) == (32 * 32, 1605632)  # its own least, the paper's most
     assert (release.video_min_pixels, release.video_max_pixels) == (32 * 32, 128 * 128)  # and its video processor's
     assert (release.video_frames, release.video_fps) == (8, 2.0)
-    with pytest.raises(UserError, match=r"pooling must be one of 'last_token', 'mean', got 'sideways'"):
+    with pytest.raises(UserError, match=r"pooling must be one of " + ", ".join(map(repr, POOLINGS)) + ", got 'sideways'"):
         EmbeddingSpec(pooling="sideways")
     with pytest.raises(UserError, match=r"similarity must be one of 'cos', 'dot', got 'euclid'"):
         EmbeddingSpec(similarity="euclid")
 
 
-def test_a_pooling_is_one_entry_that_reaches_the_vectors_the_export_and_the_card(tiny_embedder, monkeypatch, tmp_path):
+@pytest.mark.parametrize("pooling", [*POOLINGS, "first_token"])  # every entry, and one a test adds as a fork would
+def test_a_pooling_is_one_entry_that_reaches_the_vectors_the_export_and_the_card(pooling, tiny_embedder, monkeypatch,
+                                                                                 tmp_path):
     import model
     from model import Pooling, Preprocessor
-    first = Pooling(lambda hidden, mask: hidden[:, 0], "cls", "the state at the first token", "last_hidden_state[0, 0]")
-    monkeypatch.setitem(model.POOLINGS, "first_token", first)  # a fork's one entry
-    pre = tiny_embedder.preprocessor
-    forked = Embedder(tiny_embedder.model, Preprocessor(pre.tokenizer, pre.vision, pre.spec.replace(pooling="first_token")))
-    items = [{"text": "a red circle", "image": None}, {"text": "two blue squares", "image": None}]
-    vectors = forked.encode(items)
-    torch.testing.assert_close(vectors[0], vectors[1])  # the prompt's first token is the same for both
-    assert (vectors[0] - tiny_embedder.encode(items)[0]).abs().max() > 1e-3
     from runs.export import save_hf_folder
-    save_hf_folder(forked.state_dict(), forked.spec, str(tmp_path / "export"), {"step": 1})
-    assert json.load(open(tmp_path / "export" / "1_Pooling" / "config.json"))["pooling_mode"] == "cls"
+    if pooling == "first_token":
+        monkeypatch.setitem(model.POOLINGS, pooling, Pooling(lambda hidden, mask: hidden[:, 0], "cls",
+                                                             "the state at the first token", "hidden[0]"))
+    entry, pre = model.POOLINGS[pooling], tiny_embedder.preprocessor
+    pooled = Embedder(tiny_embedder.model, Preprocessor(pre.tokenizer, pre.vision, pre.spec.replace(pooling=pooling)))
+    texts = ["a red circle", "two blue squares"]
+    vectors = pooled.encode([{"text": text, "image": None} for text in texts])
+    if pooling == "first_token":  # the entry's function made them: the prompt's first token is the same for both
+        torch.testing.assert_close(vectors[0], vectors[1])
+    save_hf_folder(pooled.state_dict(), pooled.spec, str(tmp_path / "export"), {"step": 1})
+    assert json.load(open(tmp_path / "export" / "1_Pooling" / "config.json"))["pooling_mode"] == entry.sentence_transformers
     card = open(tmp_path / "export" / "README.md").read()
-    assert "the state at the first token (first-token" in card and ".last_hidden_state[0, 0]" in card
+    assert f"{entry.words} ({pooling.replace('_', '-')} pooling)" in card.replace("\n", " ")
+    namespace = {}
+    exec(card.split("```python\n")[2].split("```")[0], namespace)  # noqa: S102 - the card's code, as a reader runs it
+    torch.testing.assert_close(torch.stack([namespace["embed"](text) for text in texts]), vectors, atol=1e-4, rtol=1e-4)
 
 
 def test_the_checkpoint_layer_names_the_spec_file_as_model_does():

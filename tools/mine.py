@@ -41,7 +41,7 @@ import data
 import eval as evaluation
 import loss
 from common import UserError
-from readers import training as readers
+from readers import training
 from runs.checkpoint import fingerprint
 from runs.export import load_for_inference
 from tools.judge import Judge, judge_chunks, wait_for_chunks
@@ -238,7 +238,7 @@ def main(argv=None):
     configurator.check_choice("similarity", similarity, ("",) + loss.SIMILARITIES)
     configurator.check_counts(globals(), ("pool_size", "num_hard_negatives", "judge_chunk_rows", "judge_batch_size",
                                           "batch_size"))
-    table = readers.checked_table(train_data, image_dir, table_dir, 0, train_split, "dataset", allow_any_image_path,
+    table = training.checked_table(train_data, image_dir, table_dir, 0, train_split, "dataset", allow_any_image_path,
                                   skip_bad_rows, allow_eval_datasets)
     if videos := [s["subset"] for s in table.subsets if s.get("videos")]:  # its output is mmE5's layout: images only
         raise UserError(f"train_data: {', '.join(videos)} hold videos; tools/mine.py mines rows of text and images")
