@@ -1,8 +1,11 @@
 """
-The forks of docs/forks.md end to end, each through train.py, the export and every loader: a second backbone family
-(Qwen3-VL) trains both stages, evaluates and exports; a second pooling (mean) gives the same vectors in encode(), the
-step folder, the export and the card's code; the learnable temperature, applied exactly as docs/forks.md writes it,
-trains on two gloo ranks under FSDP2 with lora_rank=0 and ends where one process ends.
+The forks of docs/forks.md, each held to its word. The page's edits (a weighted-mean pooling, a loss term with its
+reference test, a third backbone family, a learnable temperature) are applied exactly as written to one copy of the
+repository, where the tests of every module they touch pass (the step's shared callers, GradCache and the bench's
+step included) and the temperature trains on two gloo ranks under FSDP2 as in one process; the page's own-rows
+command checks a mixture of JSON Lines and Parquet rows there. On the repository itself: the second backbone family
+(Qwen3-VL) trains both stages, evaluates and exports; the mean pooling gives the same vectors in encode(), the step
+folder, the export and the card's code.
 
     python -m pytest -q tests/test_forks.py
 """
@@ -10,7 +13,9 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -80,41 +85,87 @@ def test_mean_pooling_is_the_same_vector_everywhere(toy, tmp_path):
     torch.testing.assert_close(card_vectors(f"{out}/export", [ITEMS[0]["text"]]), vectors[:1], atol=1e-4, rtol=1e-4)
 
 
-def fork_edits():
-    """docs/forks.md's learnable temperature as (file, anchor, text, where): its four edits, in its own words."""
-    page = open(os.path.join(ROOT, "docs", "forks.md")).read().split("## A learnable temperature")[1]
-    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
-    module, attach, shard, call = blocks
-    return [("model.py", None, "\n\n" + module, "end"), ("model.py", "import dataclasses\n", "import math\n", "before"),
-            ("train.py", "from model import EmbeddingSpec\n", "from model import EmbeddingSpec, Temperature\n", "replace"),
-            ("train.py", "embedder, init_info = load_embedder(", attach, "after line"),
-            ("train_step.py", "    fully_shard(embedder, mp_policy=policy)\n", shard, "before"),
-            ("train_step.py", "terms = loss.pace_loss(q, c, targets, **loss_args)", call, "before each line")]
+PLACE = re.compile(r"# (\S+), (at the end|a new file|before the line with|after the line with|in place of the line "
+                   r"with)(?:: (.*))?$")
+# the tests that check each file an edit may touch: its own, and its callers' (GradCache and the bench call the step)
+TESTS_OF = {"model.py": ["test_model.py", "test_spec.py", "test_lora.py"], "loss.py": ["test_loss.py"],
+            "train.py": ["test_train.py", "test_configurator.py"], "train_step.py": ["test_train.py", "test_bench.py"],
+            "shapes/tiny_model.py": ["test_model.py"]}
 
 
-def forked_copy(folder):
-    """The repository's code copied to folder with docs/forks.md's learnable temperature applied. -> folder"""
-    for name in os.listdir(ROOT):
-        if name.endswith(".py") or name in ("config", "readers", "runs"):
-            copy = shutil.copytree if os.path.isdir(os.path.join(ROOT, name)) else shutil.copyfile
-            copy(os.path.join(ROOT, name), os.path.join(folder, name))
-    for file, anchor, text, where in fork_edits():
-        path = os.path.join(folder, file)
-        source = open(path).read()
-        assert where == "end" or anchor in source, (file, anchor)  # the page names code that is there
-        if where == "end":
-            source += text
-        elif where in ("before", "replace"):
-            source = source.replace(anchor, text + (anchor if where == "before" else ""), 1)
-        else:  # a line after (or before each) line holding the anchor, at its indentation
-            lines = source.splitlines(keepends=True)
-            marks = [k for k, line in enumerate(lines) if anchor in line]
-            for k in reversed(marks if where == "before each line" else marks[:1]):
-                indent = re.match(r"\s*", lines[k]).group()
-                lines.insert(k if where == "before each line" else k + 1, indent + text.strip() + "\n")
-            source = "".join(lines)
-        open(path, "w").write(source)
-    return folder
+def page_edits():
+    """docs/forks.md's edits -> {fork title: [(file, where, anchor, lines)]}, read as the page says they are written."""
+    forks = {}
+    for section in open(os.path.join(ROOT, "docs", "forks.md")).read().split("\n## ")[1:]:
+        title, blocks = section.splitlines()[0], re.findall(r"```python\n(.*?)```", section, re.S)
+        edits = []
+        for block in blocks:
+            first, _, lines = block.partition("\n")
+            place = PLACE.match(first)
+            assert place, f"docs/forks.md, {title}: a code block that does not say where it goes: {first!r}"
+            edits.append((place.group(1), place.group(2), place.group(3), lines))
+        if edits:
+            forks[title] = edits
+    return forks
+
+
+def apply_edit(folder, file, where, anchor, lines):
+    path = os.path.join(folder, file)
+    if where == "a new file":
+        assert not os.path.exists(path), file
+        open(path, "w").write(lines)
+        return
+    source = open(path).read()
+    if where == "at the end":
+        open(path, "w").write(source + lines)
+        return
+    holding = [k for k, line in enumerate(source.splitlines(keepends=True)) if anchor in line]
+    assert len(holding) == 1, f"docs/forks.md: {anchor!r} is on {len(holding)} lines of {file}, not one"
+    text = source.splitlines(keepends=True)
+    k = holding[0]
+    text[k:k + 1] = {"before the line with": [lines, text[k]], "after the line with": [text[k], lines],
+                     "in place of the line with": [lines]}[where]
+    open(path, "w").write("".join(text))
+
+
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory):
+    """A copy of the repository with every edit of docs/forks.md applied. -> (its folder, the files they touched)"""
+    folder = str(tmp_path_factory.mktemp("forked") / "pace")
+    shutil.copytree(ROOT, folder, ignore=shutil.ignore_patterns(".git", "data", "out", "__pycache__", ".venv", "models"))
+    touched = set()
+    for title, edits in page_edits().items():
+        for file, where, anchor, lines in edits:
+            apply_edit(folder, file, where, anchor, lines)
+            touched.add(file)
+    return folder, touched
+
+
+@slow
+def test_every_fork_of_the_page_passes_the_tests_of_what_it_touches(forked):
+    folder, touched = forked
+    assert set(page_edits()) == {"A pooling choice", "A term of the loss", "A backbone family",
+                                 "A learnable temperature"}
+    assert touched - set(TESTS_OF) == {"tests/test_hardness.py"}, touched  # every file an edit touches has its tests
+    tests = sorted({f"tests/{name}" for file in touched for name in TESTS_OF.get(file, [])}
+                   | {file for file in touched if file.startswith("tests/test_")} | {"tests/test_layout.py"})
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "not slow", "-p", "no:cacheprovider",
+                          *tests], cwd=folder, capture_output=True, text=True, timeout=600,
+                         env={**rank_env(), "PYTHONPATH": folder})
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert re.search(r"\d+ passed", run.stdout) and " failed" not in run.stdout
+    import model
+    source = open(os.path.join(folder, "model.py")).read()  # each fork's entry is where the rest of the code reads it
+    assert '"weighted_mean": Pooling(' in source and '"qwen3_vl_moe": Family(' in source and "weighted_mean" not in \
+        model.POOLINGS
+    assert "test_hardness_weights_multiply_each_negative_in_the_softmax" in open(
+        os.path.join(folder, "tests", "test_hardness.py")).read()
+    # the new loss key defines the run: a resume that changes it is refused, as the page says
+    check = ("from runs import outdir; from common import UserError\n"
+             "try:\n    outdir.resume_changes({'hardness_alpha': 0.0}, {'hardness_alpha': 1.0}, False)\n"
+             "except UserError as error:\n    print(error)")
+    said = subprocess.run([sys.executable, "-c", check], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert "would change what defines the run: hardness_alpha 0.0 -> 1.0" in said.stdout, said.stderr[-2000:]
 
 
 def learned_temperature(step_folder):
@@ -124,23 +175,48 @@ def learned_temperature(step_folder):
     return torch.load(step_folder + ".pt", weights_only=False)["model"]["temperature.log_tau"].item()
 
 
+def toy_args(toy, out):
+    """What tests/toyrun.launch passes train.py, for a run of the forked copy."""
+    return [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={toy['checkpoint']}",
+            f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out}",
+            f"--table_dir={os.path.join(toy['root'], 'tables')}", "--batch_size=8", "--num_hard_negatives=2",
+            "--log_interval=1", "--num_workers=0", "--max_pixels=4096", "--skip_bad_rows=True"]
+
+
 @slow
-def test_the_learnable_temperature_fork_trains_on_two_ranks_under_fsdp2_as_on_one(toy, tmp_path):
-    (tmp_path / "fork").mkdir()
-    fork = forked_copy(str(tmp_path / "fork"))
-    assert len(fork_edits()) == 6 and "Temperature(temperature)" in open(os.path.join(fork, "train.py")).read()
+def test_the_learnable_temperature_fork_trains_on_two_ranks_under_fsdp2_as_on_one(forked, toy, tmp_path):
+    folder, _ = forked
+    assert "embedder.temperature = Temperature(temperature)" in open(os.path.join(folder, "train.py")).read()
     args = ["--max_iters=2", "--checkpoint_interval=2", "--lora_rank=0", "--similarity='dot'", "--temperature=6.4",
             "--learning_rate=1e-2", "--grad_cache_chunk=4"]
     learned = {}
     for nproc in (1, 2):
         out = str(tmp_path / f"ranks{nproc}")
-        command = ([sys.executable] if nproc == 1 else torchrun_command(nproc)) + [os.path.join(fork, "train.py")]
-        toy_args = [os.path.join(ROOT, "config", "shapes_stage1.py"), f"--init_from={toy['checkpoint']}",  # as launch()
-                    f"--train_data={[toy['train']]!r}", f"--image_dir={toy['images']}", f"--out_dir={out}",
-                    f"--table_dir={os.path.join(toy['root'], 'tables')}", "--batch_size=8", "--num_hard_negatives=2",
-                    "--log_interval=1", "--num_workers=0", "--max_pixels=4096", "--skip_bad_rows=True"]
-        returncode, output = run_process(command + toy_args + args, env=rank_env(), cwd=fork)
+        command = ([sys.executable] if nproc == 1 else torchrun_command(nproc)) + [os.path.join(folder, "train.py")]
+        returncode, output = run_process(command + toy_args(toy, out) + args, env=rank_env(), cwd=folder)
         assert returncode == 0, output[-4000:]
         learned[nproc] = learned_temperature(os.path.join(out, "step_000002"))
     assert learned[1] != pytest.approx(math.log(6.4), abs=1e-4)  # tau trained, under lora_rank=0 too
     assert learned[2] == pytest.approx(learned[1], rel=1e-4, abs=1e-6)  # FSDP2 on two ranks: the same step
+
+
+@slow
+def test_the_pages_own_rows_command_checks_a_mixture_of_jsonl_and_parquet(forked, tiny_checkpoint, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    folder, _ = forked
+    page = open(os.path.join(ROOT, "docs", "forks.md")).read().split("## Your own rows")[1]
+    command = shlex.split(re.search(r"```bash\n(.*?)```", page, re.S).group(1).replace("\\\n", " "))
+    assert command[:2] == ["python", "train.py"]
+    os.makedirs(os.path.join(folder, "data", "mine"), exist_ok=True)
+    rows = [{"query": f"a caption of picture {k}", "positive": f"picture {k}", "negatives": [f"picture {k + 1}"]}
+            for k in range(300)]
+    with open(os.path.join(folder, "data", "mine", "captions.jsonl"), "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    pq.write_table(pa.Table.from_pylist(rows[:280]), os.path.join(folder, "data", "mine", "qa.parquet"))
+    run = subprocess.run([sys.executable, *command[1:], f"--init_from={tiny_checkpoint}", f"--image_dir={tmp_path}",
+                          f"--table_dir={tmp_path / 'tables'}", f"--out_dir={tmp_path / 'out'}", "--num_hard_negatives=1"],
+                         cwd=folder, capture_output=True, text=True, timeout=300, env=rank_env())
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "the run would start" in run.stdout and "data/mine/captions.jsonl" in run.stdout
+    assert re.search(r"qa\.parquet.*280", run.stdout), run.stdout[-3000:]

@@ -199,6 +199,7 @@ def test_stage_two_from_stage_one_and_its_export(toy, straight, tmp_path, monkey
         assert name == other and torch.equal(a, b), name
 
 
+@slow
 def test_stage_two_keeps_stage_ones_spec_where_its_config_is_silent_and_says_what_changed(toy, straight, tmp_path):
     step = str(tmp_path / "step_000002")
     shutil.copytree(os.path.join(straight[0], "step_000002"), step)
