@@ -84,3 +84,9 @@ def straight_random(toy, tmp_path_factory):
     run must equal to show the RNG restored."""
     out = str(tmp_path_factory.mktemp("straight_random"))
     return out, run_train(toy, out, "--max_iters=4", "--checkpoint_interval=2", "--weighting='random'")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first, in file order: the two xdist workers then finish together on the quick ones, rather
+    than one waiting out the other's last train.py run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -220,18 +220,38 @@ def test_help_prints_every_key_its_default_and_comment(capsys):
     assert re.search(r"^datasets += \[\]  # dataset folder names to score", evaluation_help, re.M)
 
 
+HELP_OF_EACH = """
+import contextlib, io, json, runpy, sys, traceback
+said = {}
+for name in sys.argv[1:]:  # each as python -m name --help runs it, in this one process: torch is imported once
+    stdout, stderr, code = io.StringIO(), io.StringIO(), None
+    sys.argv = [name, "--help"]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        except SystemExit as exit:
+            code = exit.code or 0
+        except BaseException:
+            traceback.print_exc()
+    said[name] = [code, stdout.getvalue(), stderr.getvalue()]
+print(json.dumps(said))
+"""
+
+
 @pytest.mark.slow
 def test_every_module_of_the_folders_scripts_answers_help_without_a_traceback():
     # a script prints its keys; a library module (the judge, the tiny model, the bench's helpers) says what it is and
-    # what runs it; the mteb wrapper needs mteb only to run, not to say how. All at once: a process each.
+    # what runs it; the mteb wrapper needs mteb only to run, not to say how
     modules = [f'{folder}.{name[:-3]}' for folder in ('tools', 'shapes', 'bench')
                for name in sorted(os.listdir(os.path.join(ROOT, folder))) if name.endswith('.py') and name != '__init__.py']
     assert {'tools.judge', 'tools.mteb_model', 'shapes.tiny_model', 'bench.startup'} < set(modules)
-    runs = {name: subprocess.Popen([sys.executable, '-m', name, '--help'], cwd=ROOT, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True) for name in modules}
-    for name, run in runs.items():
-        stdout, stderr = run.communicate(timeout=240)
-        assert run.returncode == 0 and 'Traceback' not in stderr, (name, stderr[-2000:])
+    run = subprocess.run([sys.executable, '-c', HELP_OF_EACH, *modules], cwd=ROOT, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = json.loads(run.stdout.strip().splitlines()[-1])
+    assert list(said) == modules
+    for name, (code, stdout, stderr) in said.items():
+        assert code == 0 and 'Traceback' not in stderr, (name, code, stderr[-2000:])
         assert stdout.startswith(f'{name.replace(".", "/")}.py: ') or name in ('shapes.prepare', 'shapes.spread',
                                                                              'shapes.study'), (name, stdout[:200])
         script = 'tools.mine' if name == 'tools.judge' else name
