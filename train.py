@@ -321,43 +321,57 @@ while step < max_iters:
         group["lr"] = lr
     terms = train_step.forward_backward(embedder, batch, loss_args, grad_cache_chunk, autocast, judged)
     grad_norm = train_step.clip_gradients(trainable, grad_clip)
-    # one all-reduce a step, summed over the ranks, so that every rank skips, logs, saves and stops at the same
-    # steps (each a collective): the loss (eq. 7, the mean of the ranks' terms.loss), whether the embeddings
-    # collapsed (every logit of a query alike), this rank's undecodable rows, 30 s since the last line, a stop
-    # signal, checkpoint_minutes since the last save
+
+    # one all-reduce a step, summed over the ranks, so that every rank skips, logs, saves and
+    # stops at the same steps (each a collective): the loss (eq. 7, the mean of the ranks'
+    # terms.loss), whether the embeddings collapsed (every logit of a query alike), this rank's
+    # undecodable rows, 30 s since the last line, a stop signal, checkpoint_minutes since the
+    # last save
     now = time.time()
-    host = torch.tensor([len(batch["skipped"]), now - log.window["start"] > 30, bool(stop.received),
-                         0 < checkpoint_minutes * 60 < now - last_save], dtype=torch.float32, device=run_device)
-    step_totals = torch.cat([torch.stack([terms.loss.detach().float() / world_size, loss.collapse_flag(terms)]), host])
+    host = [len(batch["skipped"]), now - log.window["start"] > 30, bool(stop.received),
+            0 < checkpoint_minutes * 60 < now - last_save]
+    local = torch.stack([terms.loss.detach().float() / world_size, loss.collapse_flag(terms)])
+    step_totals = torch.cat([local, torch.tensor(host, dtype=torch.float32, device=run_device)])
     if distributed:
         dist.all_reduce(step_totals)
-    loss_value, collapsed, skipped_now, line_due, signalled, save_due = step_totals.tolist()  # one read to the host
-    problem = ("a non-finite loss or gradient" if not (math.isfinite(loss_value) and math.isfinite(grad_norm))
-               else "collapsed embeddings (every logit of a query alike)" if collapsed == world_size else "")
-    if not problem:  # the same verdict on every rank: the loss and the norm are global
+    loss_value, collapsed, skipped_now, line_due, signalled, save_due = step_totals.tolist()
+    stopping = signalled > 0
+
+    # the update, unless the step went wrong: the same verdict on every rank (loss and norm are global)
+    problem = ""
+    if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+        problem = "a non-finite loss or gradient"
+    elif collapsed == world_size:
+        problem = "collapsed embeddings (every logit of a query alike)"
+    if not problem:
         optimizer.step()
         bad_in_row = 0
     else:
-        bad_in_row, bad_steps_total, first_bad = bad_in_row + 1, bad_steps_total + 1, first_bad if bad_in_row else step
-        print(f"step {step}/{max_iters}: {problem} (loss {loss_value}, grad norm {grad_norm}); update skipped "
-              f"({bad_in_row} in a row, {bad_steps_total} in all)")
+        first_bad = first_bad if bad_in_row else step
+        bad_in_row, bad_steps_total = bad_in_row + 1, bad_steps_total + 1
+        print(f"step {step}/{max_iters}: {problem} (loss {loss_value}, grad norm {grad_norm}); "
+              f"update skipped ({bad_in_row} in a row, {bad_steps_total} in all)")
     optimizer.zero_grad(set_to_none=True)
+
+    # the log: every step's tokens and time; a line every log_interval (statistics: one all-reduce more)
     chunks = batch["query"] + batch["candidate"]
-    log.add(chunks, batch["skipped"], int(skipped_now), cost.step_flops(embedder, chunks, lora_rank == 0) if gpu_peak else 0)
+    flops = cost.step_flops(embedder, chunks, lora_rank == 0) if gpu_peak else 0
+    log.add(chunks, batch["skipped"], int(skipped_now), flops)
     skipped_rows_total += int(skipped_now)  # every step, so a checkpoint at any step saves it
-    stopping = signalled > 0
-    if step % log_interval == 0 or step in (1, max_iters) or line_due > 0 or stopping:  # statistics: one all-reduce more
-        log.line(step, loss.statistics(terms), lr, grad_norm,
-                 {"bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total})
+    if step % log_interval == 0 or step in (1, max_iters) or line_due > 0 or stopping:
+        counts = {"bad_steps": bad_steps_total, "skipped_rows": skipped_rows_total}
+        log.line(step, loss.statistics(terms), lr, grad_norm, counts)
     if bad_in_row >= max_bad_steps:
         break
-    if step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints or stopping or save_due > 0:
-        finite = not problem and train_step.parameters_finite(trainable)  # a checkpoint only of weights that are numbers
-        if finite:
+
+    # a checkpoint, only of weights that are numbers
+    due = step % checkpoint_interval == 0 or step == max_iters or step in keep_checkpoints
+    if due or stopping or save_due > 0:
+        if not problem and train_step.parameters_finite(trainable):
             save_checkpoint(step)
             last_save = time.time()
         else:
-            print(f"step {step}: no checkpoint written: " + (problem if problem else "the parameters are not all finite"))
+            print(f"step {step}: no checkpoint written: {problem or 'the parameters are not all finite'}")
     if stopping:
         break
 

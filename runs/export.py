@@ -151,7 +151,7 @@ pipeline_tag: feature-extraction
 A {family} vision-language model ({backbone_name}) turned into an embedding model: text, an image, or both
 go in; one vector comes out. Trained with PACE (Progressive Angular-to-Norm Contrastive Embedding): Stage I
 trains LoRA adapters with cosine logits, Stage II merges them and fine-tunes the whole language model with
-dot-product logits; both weight each query by the Focal Embedding Loss. This checkpoint: {what}, step {step}.
+dot-product logits; both weight each query by the Focal Embedding Loss. This checkpoint: {what}.
 
 ## Similarity: {similarity}
 
@@ -269,12 +269,16 @@ def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
     trained = "dot-product" if dot else "cosine"
     trained += " training of LoRA adapters (merged here)" if info.get("trained_lora_rank") else \
         " training of the whole language model"
+    trained += f", step {info.get('step', '?')}"
+    if info.get("merged_from"):  # tools/merge.py's
+        trained = (f"the weighted average of {len(info['merged_from'])} checkpoints (tools/merge.py; pace.json names "
+                   f"them and their weights), the first from {trained}")
     return CARD.format(
         base_model=f"base_model: Qwen/{backbone}\n" if backbone.startswith(family.name + "-") else "",
         model_type=next(t for t, f in FAMILIES.items() if f == family), family=family.name,
         model_class=family.model_class, tokenizer_class=family.tokenizer_class, pooling_words=POOLINGS[spec.pooling].words,
         name=os.path.basename(os.path.dirname(os.path.abspath(folder))) or "pace", backbone_name=backbone or family.name,
-        what=trained, step=info.get("step", "?"), similarity="dot product" if dot else "cosine",
+        what=trained, similarity="dot product" if dot else "cosine",
         similarity_why=("The norms carry meaning after Stage II: do not normalise the vectors." if dot else
                         "It was trained with cosine logits: normalise the vectors (or use cosine similarity).")
         + (f" Its first {', '.join(map(str, spec.matryoshka_dims))} dimensions were trained as vectors too (Matryoshka):"
