@@ -200,18 +200,20 @@ def test_stage_two_from_stage_one_and_its_export(toy, straight, tmp_path, monkey
 
 
 @slow
-def test_stage_two_keeps_stage_ones_spec_where_its_config_is_silent_and_says_what_changed(toy, straight, tmp_path):
-    step = str(tmp_path / "step_000002")
-    shutil.copytree(os.path.join(straight[0], "step_000002"), step)
-    spec_file = os.path.join(step, "embedding_spec.json")
-    spec = json.load(open(spec_file))
-    json.dump(dict(spec, pooling="mean", matryoshka_dims=[16]), open(spec_file, "w"))  # a mean-pooled Stage I
-    code, said = launch(toy, str(tmp_path / "stage2"), f"--init_from={step}", "--similarity='dot'", "--check_data=True")
+def test_stage_two_keeps_stage_ones_spec_where_its_config_is_silent_and_says_what_changed(toy, tmp_path):
+    code, said = launch(toy, str(tmp_path / "stage1"), "--pooling='mean'", "--matryoshka_dims=16", "--max_iters=1",
+                        "--checkpoint_interval=1")  # a mean-pooled Stage I, given to Stage I alone
     assert code == 0, said[-3000:]
+    step = str(tmp_path / "stage1" / "step_000001")
+    code, said = launch(toy, str(tmp_path / "stage2"), f"--init_from={step}", "--similarity='dot'", "--max_iters=1",
+                        "--lora_rank=0")  # Stage II given only its similarity: it trains and exports mean pooling
+    assert code == 0, said[-3000:]
+    exported = json.load(open(tmp_path / "stage2" / "export" / "embedding_spec.json"))
+    assert (exported["pooling"], exported["matryoshka_dims"], exported["similarity"]) == ("mean", [16], "dot")
     assert (f"spec against {step}'s: pooling 'mean' kept (the config's default is 'last_token'), similarity 'cos' "
             "-> 'dot', matryoshka_dims (16,) kept (the config's default is ())\n") in said, said[-3000:]
     assert re.search(r"^pooling += 'mean'", said, re.M) and re.search(r"^similarity += 'dot'", said, re.M)
-    code, said = launch(toy, str(tmp_path / "stage2"), f"--init_from={step}", "--pooling='last_token'",
+    code, said = launch(toy, str(tmp_path / "stage2b"), f"--init_from={step}", "--pooling='last_token'",
                         "--check_data=True")  # a choice the config makes, even the default, is the config's
     assert code == 0 and "pooling 'mean' -> 'last_token'" in said and re.search(r"^pooling += 'last_token'", said,
                                                                                re.M), said[-3000:]
