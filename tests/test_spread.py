@@ -98,3 +98,38 @@ def test_the_readmes_toy_table_gives_every_figure_with_its_spread():
         assert len(cells) >= len(spread.COLUMNS) and all(
             re.fullmatch(r"\d+\.\d ± \d+\.\d", c) for c in cells), row
     assert "floating-point order" in readme.lower() and "python -m shapes.spread" in readme
+
+
+def test_the_merge_rows_merge_every_pair_of_seeds_and_set_each_beside_its_seeds(tmp_path):
+    from shapes import merged
+    jobs = merged.jobs(str(tmp_path), "/data", "own", 1337, 1338, 1337)
+    assert jobs[0]["command"][1:3] == ["-m", "tools.merge"] and jobs[1]["needs"] == [jobs[0]["done"]]
+    assert f"--inputs={[f'{tmp_path}/t1_s1337/stage2/export', f'{tmp_path}/t1_s1338/stage2/export']!r}" in \
+        jobs[0]["command"]
+    assert f"--init_from={tmp_path}/merged_own_s1337_s1338/export" in jobs[1]["command"]
+    shared = merged.jobs(str(tmp_path), "/data", "shared", 1337, 1338, 1337)[0]["command"]
+    assert f"--inputs={[f'{tmp_path}/t1_s1337/stage2/export', f'{tmp_path}/shared_s1338/stage2/export']!r}" in shared
+    train = merged.shared_jobs(str(tmp_path), "/data", 1338, 1337)[0]["command"]  # one start: seed 1337's Stage I
+    assert "config/shapes_stage2.py" in train and "--seed=1338" in train
+    assert f"--init_from={tmp_path}/t1_s1337/stage1/step_000100" in train
+    values = {"own": ((40.0, 44.0, 48.0), (43.0, 45.0, 49.0)), "shared": ((40.0, 42.0, 44.0), (41.0, 42.0, 43.0))}
+    write = lambda path, v: json.dump(  # noqa: E731 - eval.py's JSON, every figure v
+        {"meta_tasks": {"Classification": v, "VQA": v, "Retrieval": v, "Visual Grounding": v}, "IND": v, "OOD": v,
+         "overall": v, "own_v2": {"Shapes-VID-RET": {"metric": "hit@1", "hit@1": v / 100}}}, open(path, "w"))
+    for kind, (single, merges) in values.items():
+        for seed, v in zip((1, 2, 3), single):
+            path = merged.run_files(str(tmp_path), kind, seed, 1)[1]
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if not (kind == "shared" and seed == 1):  # the first seed's shared run is its own run
+                write(path, v)
+        for (a, b), v in zip(((1, 2), (1, 3), (2, 3)), merges):
+            os.makedirs(tmp_path / f"merged_{kind}_s{a}_s{b}")
+            write(tmp_path / f"merged_{kind}_s{a}_s{b}" / "eval.json", v)
+    text, numbers = merged.summary(str(tmp_path), [1, 2, 3])
+    table = numbers["table"]
+    assert table["own: one seed"]["all"]["values"] == [40.0, 44.0, 48.0]
+    assert table["shared: one seed"]["all"]["values"] == [40.0, 42.0, 44.0]  # seed 1: the own run's figures
+    # each merge minus its runs' mean: 43 - 42, 45 - 44, 49 - 46; shared 41 - 41, 42 - 42, 43 - 43
+    assert table["own: merged minus its two seeds' mean"]["all"]["values"] == pytest.approx([1.0, 1.0, 3.0])
+    assert table["shared: merged minus its two seeds' mean"]["all"]["values"] == pytest.approx([0.0, 0.0, 0.0])
+    assert "s1+s2 all 43.0 (seeds 40.0, 44.0)" in text and "| shared: two seeds merged |" in text
