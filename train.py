@@ -113,7 +113,8 @@ spec_fields, spec_moves = inherited_spec(init_from, {key: config[key] for key in
 config.update(spec_fields)  # config.json, the resume check and the card say what the run uses
 globals().update(spec_fields)
 spec_said = f"spec against {init_from}'s: " + ", ".join(spec_moves)
-EmbeddingSpec(**spec_fields)  # its choices checked now (pooling, similarity, video_frames), before the data
+# the spec's choices checked now (pooling, similarity, video_frames), before the data
+EmbeddingSpec(**spec_fields)
 configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"))
 
 # -----------------------------------------------------------------------------
@@ -121,15 +122,19 @@ configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_
 
 table = data.TrainTable(training.prepared_table(train_data, image_dir, table_dir, train_split, instructions,
                                                allow_any_image_path))
-if check_data:  # the table's name covers its row files, not their images: each looked up again (seconds)
+# the table's name covers its row files, not their images: each looked up again (seconds)
+if check_data:
     table.subsets = training.subsets_on_disk(table)
 problems = training.image_dir_problems(train_data, image_dir, table.subsets) + training.problems(
     table.subsets, num_hard_negatives, skip_bad_rows, allow_eval_datasets, soft_labels == "judge")
 if len(table) < batch_size:
     problems.append(f"{len(table):,} usable rows cannot fill one batch of {batch_size}")
-sources = training.mixture(train_data, image_dir, table.subsets, homogeneous_batch)  # None: rows drawn uniformly
-if check_data:  # --check_data=True: no model, no process group; what the run would meet before step 1, a verdict
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; a plain --check_data=True checks one process
+# the mixture's sources, or None: rows drawn uniformly
+sources = training.mixture(train_data, image_dir, table.subsets, homogeneous_batch)
+# --check_data=True: no model, no process group; what the run would meet before step 1, a verdict
+if check_data:
+    # the ranks torchrun starts; a plain --check_data=True checks one process
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
     problems += common.refusals((data.check_batch, batch_size, ranks, homogeneous_batch),
                                 (check_checkpoint, init_from),
                                 (outdir.refuse_mixing, out_dir, not (resume or export_only), overwrite))
@@ -148,8 +153,10 @@ if problems:
 rank, local_rank, world_size, run_device = common.compute_init(device, timeout_minutes)
 master, distributed = rank == 0, world_size > 1
 if not master:
-    sys.stdout = open(os.devnull, "w")  # rank 0 speaks for all; every rank's errors still reach stderr
-data.check_batch(batch_size, world_size, homogeneous_batch)  # before the model: --check_data asks the same
+    # rank 0 speaks for all; every rank's errors still reach stderr
+    sys.stdout = open(os.devnull, "w")
+# the batch's split over the ranks, before the model (--check_data asks the same)
+data.check_batch(batch_size, world_size, homogeneous_batch)
 ptdtype = getattr(torch, dtype)
 if threads:
     torch.set_num_threads(threads)
@@ -160,7 +167,8 @@ check_checkpoint(init_from)
 lock = common.on_rank_zero(lambda: outdir.take_lock(out_dir), rank, world_size)
 atexit.register(outdir.release_lock, lock)
 export_dir, log_path = os.path.join(out_dir, "export"), os.path.join(out_dir, "log.jsonl")
-earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overwrite=overwrite)  # every rank alike
+# refused on every rank alike
+earlier = outdir.refuse_mixing(out_dir, fresh=not (resume or export_only), overwrite=overwrite)
 if master:
     outdir.clear(out_dir, earlier)  # what a crash left; with overwrite, the earlier run
     configurator.print_config(config)
@@ -171,7 +179,8 @@ if master:
 common.barrier()
 resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None, rank,
                                   world_size)
-resumed = checkpoint.read_info(resume_from) if resume_from else {}  # every rank resumes from what rank 0 verified
+# every rank resumes from what rank 0 verified
+resumed = checkpoint.read_info(resume_from) if resume_from else {}
 if (resume or export_only) and resume_from is None:
     if export_only:
         raise UserError(f"no intact checkpoint in {out_dir}: nothing to export")
@@ -208,8 +217,10 @@ if activation_checkpointing:
     embedder.enable_activation_checkpointing()
 embedder.to(run_device)
 if distributed:
-    train_step.fully_shard_embedder(embedder, ptdtype)  # FSDP2: bf16 compute, float32 reduction and master weights
-autocast = train_step.autocast_for(embedder, ptdtype)  # bf16 autocast in one process on a GPU, else none
+    # FSDP2: bf16 compute, float32 reduction and master weights
+    train_step.fully_shard_embedder(embedder, ptdtype)
+# bf16 autocast in one process on a GPU, else none
+autocast = train_step.autocast_for(embedder, ptdtype)
 trainable = train_step.trainable_parameters(embedder)
 num_trainable, num_language = sum(p.numel() for p in trainable), sum(p.numel() for p in language_model.parameters())
 print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
@@ -218,12 +229,13 @@ print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
 if embedder.family.linear_attention:
     print(cost.kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
-loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,  # eqs. (3)-(7)
+# the loss's settings, eqs. (3)-(7)
+loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,
                  focal_temperature=focal_temperature, weighting=weighting, matryoshka_dims=matryoshka_dims)
 judged = soft_labels == "judge"
 if judged:
     loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight,
-                     infonce_weight=infonce_weight, alignment_floor=alignment_floor)  # eqs. (U1)-(U4)
+                     infonce_weight=infonce_weight, alignment_floor=alignment_floor)  # (U1)-(U4)
 
 
 def get_lr(it):
@@ -247,7 +259,8 @@ if allow_eval_datasets and any(s["leak"] for s in table.subsets):
 dataset = data.TrainDataset(table, preprocessor, num_hard_negatives, seed, skip_bad_rows)
 sampler = data.MixtureSampler(sources, batch_size, rank, world_size, seed, homogeneous_batch) if sources else \
     data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
-for source in sources or []:  # a source shorter than a group repeats within it, as VLM2Vec-V2 restarts a read-through one
+# a source shorter than a group repeats within it, as VLM2Vec-V2 restarts a read-through one
+for source in sources or []:
     if source["rows"] < homogeneous_batch * world_size:
         print(f"note: {source['path']} has {source['rows']} rows, fewer than a group of {homogeneous_batch} queries on "
               f"each of {world_size} ranks: its rows repeat within a group")
@@ -257,7 +270,8 @@ for source in sources or []:  # a source shorter than a group repeats within it,
 collate = data.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
 workers = common.worker_count(num_workers)
 loader_args = dict(batch_sampler=sampler, num_workers=workers, collate_fn=collate, pin_memory=run_device.type == "cuda",
-                   worker_init_fn=functools.partial(outdir.ignore_signals, stop_signals))  # the main process handles them
+                   # the stop signals are the main process's
+                   worker_init_fn=functools.partial(outdir.ignore_signals, stop_signals))
 print(f"{len(dataset):,} training rows ({table.path}), {sampler.batches_per_epoch:,} steps an epoch at batch "
       f"{batch_size}" + (f"; {workers} DataLoader workers (num_workers={num_workers}, more than this rank's cores)"
                          if workers < num_workers else ""))
@@ -266,7 +280,8 @@ print(f"{len(dataset):,} training rows ({table.path}), {sampler.batches_per_epoc
 # -----------------------------------------------------------------------------
 # checkpoints: out_dir/step_NNNNNN (the format is in runs/checkpoint.py)
 
-step, bad_steps_total, skipped_rows_total = 0, 0, 0  # the run's counters, saved with every checkpoint
+# the run's counters, saved with every checkpoint
+step, bad_steps_total, skipped_rows_total = 0, 0, 0
 
 def save_checkpoint(step):
     """out_dir/step_NNNNNN, written by every rank (runs/checkpoint.save_step); then the old ones are pruned."""
@@ -281,7 +296,8 @@ def save_checkpoint(step):
 
 def export(step):
     """out_dir/export/: the consolidated model with LoRA merged, as a Hugging Face folder with a model card."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # 0.8 s: when needed
+    # imported here, where it is needed: 0.8 s of every start otherwise
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     print(f"exporting {export_dir} ...", flush=True)
     state = get_model_state_dict(embedder, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master:
@@ -295,7 +311,8 @@ def export(step):
 # the loop
 
 if resume_from:
-    info = checkpoint.load_step(resume_from, embedder, optimizer, rank, world_size)  # model, optimizer, RNG
+    # the model, the optimizer, this rank's RNG
+    info = checkpoint.load_step(resume_from, embedder, optimizer, rank, world_size)
     step, bad_steps_total, skipped_rows_total = info["step"], info.get("bad_steps", 0), info.get("skipped_rows", 0)
     sampler.load_state_dict(info["sampler"])
     print(f"resumed from {resume_from} at step {step}")
@@ -305,13 +322,16 @@ if export_only:
 wandb = outdir.start_wandb(out_dir, resume_from is not None, wandb_project, wandb_run_name or out_dir, config) \
     if wandb_log and master else None
 gpu_peak = cost.peak_flops(run_device)
-log = outdir.StepLog(log_path, step, max_iters, world_size, gpu_peak, master, wandb)  # log.jsonl: this run's steps
+# log.jsonl: this run's steps
+log = outdir.StepLog(log_path, step, max_iters, world_size, gpu_peak, master, wandb)
 bad_in_row, first_bad, stopping, last_save = 0, 0, False, time.time()
-stop = outdir.StopSignals(stop_signals)  # a signal only sets stop.received: the step in progress finishes
+# a signal only sets stop.received: the step in progress finishes
+stop = outdir.StopSignals(stop_signals)
 embedder.train()
 # its own generator: making the iterator would otherwise draw from the global RNG, after a resume restored it
 loader = iter(torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(seed + rank), **loader_args))
-outdir.kill_workers_at_exit()  # its workers ignore the stop signals, so at exit they are killed, on every path
+# the loader's workers ignore the stop signals, so at exit they are killed, on every path
+outdir.kill_workers_at_exit()
 while step < max_iters:
     step += 1  # the number of this step, from 1, as every line and record shows it
     batch = next(loader)
