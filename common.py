@@ -1,7 +1,7 @@
 """
 common.py: the process around every script's work (nanochat's common.py in spirit): the process group and the
-device, progress lines, one-line errors for the mistakes a user must fix, lock files, atomic writes. It imports no other module
-of this project, so every module may import it.
+device, progress lines, one-line errors for the mistakes a user must fix, lock files, atomic writes. It imports no
+other module of this project, so every module may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'

@@ -29,7 +29,7 @@ import torch.nn as nn
 import deltanet
 import loss
 from common import Progress, UserError, write_json
-from media import IMAGE_MARKER, VIDEO_MARKER, Vision, frame_choice, image_size, load_image, frames_of, visual_name
+from media import IMAGE_MARKER, VIDEO_MARKER, Vision, frame_choice, frames_of, image_size, load_image, visual_name
 
 SPEC_FILE = "embedding_spec.json"  # beside the weights of every step folder and export: the EmbeddingSpec
 MARKERS = {"image": IMAGE_MARKER, "video": VIDEO_MARKER}

@@ -131,6 +131,9 @@ if len(table) < batch_size:
     problems.append(f"{len(table):,} usable rows cannot fill one batch of {batch_size}")
 # the mixture's sources, or None: rows drawn uniformly
 sources = training.mixture(train_data, image_dir, table.subsets, homogeneous_batch)
+# what the rows are, said by --check_data and at a run's start alike
+data_lines = training.report_lines(table.subsets, num_hard_negatives, video_frames) + (
+    training.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])
 # --check_data=True: no model, no process group; what the run would meet before step 1, a verdict
 if check_data:
     # the ranks torchrun starts; a plain --check_data=True checks one process
@@ -138,8 +141,7 @@ if check_data:
     problems += common.refusals((data.check_batch, batch_size, ranks, homogeneous_batch),
                                 (check_checkpoint, init_from),
                                 (outdir.refuse_mixing, out_dir, not (resume or export_only), overwrite))
-    print("\n".join(training.report_lines(table.subsets, num_hard_negatives, video_frames)
-                    + (training.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
+    print("\n".join(data_lines))
     configurator.print_config(config)
     if spec_moves:
         print(spec_said)
@@ -174,8 +176,7 @@ if master:
     configurator.print_config(config)
     if spec_moves:
         print(spec_said)
-    print("\n".join(training.report_lines(table.subsets, num_hard_negatives, video_frames)
-                    + (training.mixture_lines(sources, batch_size, homogeneous_batch) if sources else [])))
+    print("\n".join(data_lines))
 common.barrier()
 resume_from = common.on_rank_zero(lambda: outdir.newest_intact(out_dir) if resume or export_only else None, rank,
                                   world_size)

@@ -200,7 +200,8 @@ def convert(entries, sources, path, instructions, allow_any_image_path):
                     report = SourceReport(subset, dataset if not entry["data_mode"] else
                                           f"{dataset}:{entry['data_mode']}", split)
                     report.leak, report.start, report.entry = dataset in mmeb.OOD_DATASETS, rows, k
-                    parse = entry["parser"] and (lambda record, e=entry, p=pages, i=images: plain_of_source(record, e, p, i))
+                    parse = entry["parser"] and (
+                        lambda record, e=entry, p=pages, i=images: plain_of_source(record, e, p, i))
                     for batch in subset_batches(report, subset_files, entry["max_rows"], images, instructions,
                                                 len(reports), files, parse):
                         writer.write_batch(batch)

@@ -270,6 +270,8 @@ def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
     trained += " training of LoRA adapters (merged here)" if info.get("trained_lora_rank") else \
         " training of the whole language model"
     trained += f", step {info.get('step', '?')}"
+    pooling_code = POOLINGS[spec.pooling].code  # over one item's final states, `hidden`; cut to dim if it has one
+    pooling_code = f"({pooling_code})[:{spec.dim}]" if spec.dim else pooling_code
     if info.get("merged_from"):  # tools/merge.py's
         trained = (f"the weighted average of {len(info['merged_from'])} checkpoints (tools/merge.py; pace.json names "
                    f"them and their weights), the first from {trained}")
@@ -284,7 +286,7 @@ def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
         + (f" Its first {', '.join(map(str, spec.matryoshka_dims))} dimensions were trained as vectors too (Matryoshka):"
            " truncate to one of them (`truncate_dim=`) and compare the same way." if spec.matryoshka_dims else ""),
         max_length=spec.max_length, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
-        pooling=spec.pooling.replace("_", "-"), pooling_code=f"({POOLINGS[spec.pooling].code})[:{spec.dim}]" if spec.dim else POOLINGS[spec.pooling].code,
+        pooling=spec.pooling.replace("_", "-"), pooling_code=pooling_code,
         truncate=f", truncate_dim={spec.dim}" if spec.dim else "", folder=folder, system_prompt=spec.system_prompt,
         score_expression="query @ candidate" if dot else "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
         encode_score_expression="vectors[0] @ vectors[1]" if dot else

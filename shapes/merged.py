@@ -20,7 +20,7 @@ import types
 import configurator
 from common import UserError, install_error_hook, write_json, write_text
 from shapes.prepare import DATA_DIR, ROOT
-from shapes.spread import figures, run_name
+from shapes.spread import eval_job, figures, run_name, train_job
 from shapes.study import flag, mean_std, run_jobs
 
 # -----------------------------------------------------------------------------
@@ -44,25 +44,13 @@ def run_files(out, kind, seed, first):
     return os.path.join(out, f"shared_s{seed}", "stage2", "export"), os.path.join(out, f"shared_s{seed}", "eval.json")
 
 
-def evaluation(data, checkpoint, result, needs, name):
-    return {"name": name, "cost": 40, "done": result, "log": result + ".log", "needs": needs,
-            "command": [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"), flag("init_from", checkpoint),
-                        flag("mmeb_dir", os.path.join(data, "eval")), flag("image_dir", os.path.join(data, "images")),
-                        flag("v2_dir", os.path.join(data, "v2")), flag("geometry", False), flag("out", result)]}
-
-
 def shared_jobs(out, data, seed, first):
     """Stage II at seed from the first seed's Stage I step 100, as the main job runs it, then its evaluation."""
     export, result = run_files(out, "shared", seed, first)
     start = os.path.join(out, run_name(first, 1), "stage1", "step_000100")
-    train = {"name": f"shared s{seed} stage2", "cost": 160, "done": os.path.join(export, "pace.json"),
-             "needs": [start], "log": os.path.dirname(export) + ".log",
-             "command": [sys.executable, "train.py", os.path.join("config", "shapes_stage2.py"), flag("seed", seed),
-                         flag("threads", 1), flag("init_from", start), flag("out_dir", os.path.dirname(export)),
-                         flag("train_data", [os.path.join(data, name) for name in ("train.jsonl", "train_video.jsonl",
-                                                                                   "train_docs.jsonl")]),
-                         flag("image_dir", os.path.join(data, "images"))]}
-    return [train, evaluation(data, export, result, [train["done"]], f"eval shared s{seed}")]
+    train = train_job(f"shared s{seed} stage2", "shapes_stage2.py", os.path.dirname(export), data, seed, 1, start,
+                      [start])
+    return [train, eval_job(f"eval shared s{seed}", data, export, result, [train["done"]])]
 
 
 def jobs(out, data, kind, a, b, first):
@@ -73,8 +61,8 @@ def jobs(out, data, kind, a, b, first):
              "needs": [os.path.join(i, "pace.json") for i in inputs], "log": folder + ".log",
              "command": [sys.executable, "-m", "tools.merge", flag("inputs", inputs),
                          flag("out", os.path.join(folder, "export"))]}
-    return [merge, evaluation(data, os.path.join(folder, "export"), os.path.join(folder, "eval.json"), [merge["done"]],
-                              f"eval merged {kind} s{a} s{b}")]
+    return [merge, eval_job(f"eval merged {kind} s{a} s{b}", data, os.path.join(folder, "export"),
+                            os.path.join(folder, "eval.json"), [merge["done"]])]
 
 
 def summary(out, chosen):

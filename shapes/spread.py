@@ -63,35 +63,45 @@ def prepare_job(out, capability):
             "command": [sys.executable, "-m", "shapes.prepare", flag("out_dir", folder)]}
 
 
+def train_job(name, config, out_dir, data, seed, threads, init_from, needs=(), env=None):
+    """A train.py run of config on the toy at data (its three training files, its images), as a shapes/study.py
+    job dict: done when out_dir's export is written."""
+    train_data = [os.path.join(data, name) for name in ("train.jsonl", "train_video.jsonl", "train_docs.jsonl")]
+    return {"name": name, "env": env or {}, "done": os.path.join(out_dir, "export", "pace.json"), "cost": 160,
+            "needs": list(needs), "log": out_dir + ".log",
+            "command": [sys.executable, "train.py", os.path.join("config", config), flag("seed", seed),
+                        flag("threads", threads), flag("train_data", train_data),
+                        flag("image_dir", os.path.join(data, "images")), flag("out_dir", out_dir),
+                        flag("init_from", init_from)]}
+
+
+def eval_job(name, data, checkpoint, result, needs, threads=1, env=None):
+    """An eval.py run of config/shapes_eval.py on checkpoint, on the toy at data, written to result."""
+    return {"name": name, "env": env or {}, "done": result, "cost": 40, "log": result + ".log", "needs": list(needs),
+            "command": [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"), flag("threads", threads),
+                        flag("init_from", checkpoint), flag("mmeb_dir", os.path.join(data, "eval")),
+                        flag("image_dir", os.path.join(data, "images")), flag("v2_dir", os.path.join(data, "v2")),
+                        flag("geometry", False), flag("out", result)]}
+
+
 def jobs(seed, count, out, data, capability=""):
     """The main job's runs at one seed, thread count and instruction set, as shapes/study.py's job dicts: two
     stages, three evals."""
     data = toy_dir(out, data, capability)
-    folder, common = os.path.join(out, run_name(seed, count, capability)), [flag("seed", seed), flag("threads", count)]
-    where = [flag("train_data", [os.path.join(data, name) for name in ("train.jsonl", "train_video.jsonl",
-                                                                      "train_docs.jsonl")]),
-             flag("image_dir", os.path.join(data, "images"))]
+    folder = os.path.join(out, run_name(seed, count, capability))
     stage = lambda name: os.path.join(folder, name)  # noqa: E731
     label, env = " ".join(filter(None, (f"t{count}", capability, f"s{seed}"))), (
         {"ATEN_CPU_CAPABILITY": capability} if capability else {})
-    train = lambda name, config, *args, needs=(): {  # noqa: E731
-        "name": f"{label} {name}", "env": env, "done": os.path.join(stage(name), "export", "pace.json"),
-        "command": [sys.executable, "train.py", os.path.join("config", config), *common, *where,
-                    flag("out_dir", stage(name)), *args], "needs": list(needs), "cost": 160,
-        "log": stage(name) + ".log"}
     toy = [os.path.join(data, "prepared.json")] if capability else []  # its own toy, prepared first
-    found = [train("stage1", "shapes_stage1.py", flag("init_from", os.path.join(data, "tiny-qwen3.5")), needs=toy),
-             train("stage2", "shapes_stage2.py", flag("init_from", os.path.join(stage("stage1"), "step_000100")),
-                   needs=[os.path.join(stage("stage1"), "step_000100")])]
+    step_100 = os.path.join(stage("stage1"), "step_000100")
+    found = [train_job(f"{label} stage1", "shapes_stage1.py", stage("stage1"), data, seed, count,
+                       os.path.join(data, "tiny-qwen3.5"), toy, env),
+             train_job(f"{label} stage2", "shapes_stage2.py", stage("stage2"), data, seed, count, step_100, [step_100],
+                       env)]
     for k, (_, name, checkpoint) in enumerate(CHECKPOINTS):
-        result = os.path.join(folder, f"eval_{k}.json")
-        found.append({"name": f"{label} eval {k}", "env": env, "done": result, "cost": 40, "log": result + ".log",
-                      "needs": [os.path.join(stage(name), "export", "pace.json")],
-                      "command": [sys.executable, "eval.py", os.path.join("config", "shapes_eval.py"),
-                                  flag("threads", count), flag("init_from", os.path.join(stage(name), checkpoint)),
-                                  flag("mmeb_dir", os.path.join(data, "eval")), flag("image_dir",
-                                  os.path.join(data, "images")), flag("v2_dir", os.path.join(data, "v2")),
-                                  flag("geometry", False), flag("out", result)]})
+        found.append(eval_job(f"{label} eval {k}", data, os.path.join(stage(name), checkpoint),
+                              os.path.join(folder, f"eval_{k}.json"),
+                              [os.path.join(stage(name), "export", "pace.json")], count, env))
     return found
 
 

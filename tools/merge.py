@@ -45,7 +45,7 @@ def mixing_weights(count, given):
 
 
 def spec_differences(first, other):
-    """The embedding spec fields two checkpoints disagree on -> ['pooling: 'last_token' here, 'mean' there', ...]"""
+    """The embedding spec fields two checkpoints disagree on -> ["pooling: 'last_token' vs 'mean'", ...]"""
     a, b = first.to_dict(), other.to_dict()
     return [f"{key}: {a[key]!r} vs {b[key]!r}" for key in EmbeddingSpec.fields() if a.get(key) != b.get(key)]
 
@@ -62,8 +62,8 @@ def merge(paths, given_weights=()):
     if len(paths) < 2:
         raise UserError(f"inputs: merging needs two or more checkpoints, got {len(paths)}")
     shares = mixing_weights(len(paths), list(given_weights))
-    first, merged, first_info = loaded(paths[0])
-    merged = {k: shares[0] * v for k, v in merged.items()}
+    first, state, first_info = loaded(paths[0])
+    merged = {k: shares[0] * v for k, v in state.items()}
     for path, share in zip(paths[1:], shares[1:]):
         embedder, state, _ = loaded(path)
         if embedder.family != first.family:
