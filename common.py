@@ -1,7 +1,8 @@
 """
 common.py: the process around every script's work (nanochat's common.py in spirit): the process group and the
-device, progress lines, one-line errors for the mistakes a user must fix, lock files, atomic writes. It imports no
-other module of this project, so every module may import it.
+device, progress lines, one-line errors for the mistakes a user must fix, lock files, atomic writes, rows computed
+in shares over the ranks and gathered (shared_rows). It imports no other module of this project, so every module
+may import it.
 
     rank, local_rank, world_size, device = compute_init("cuda")     # joins torchrun's process group, if any
     progress = Progress(len(items), "encoding"); progress.update(16)  # 'encoding: 16/1,000 items, ...'
@@ -324,3 +325,19 @@ def write_text(path, text, since=None):
 def write_json(path, value, since=None):
     """Write JSON atomically, indented (tuples become lists)."""
     write_text(path, json.dumps(value, indent=2) + "\n", since)
+
+
+def shared_rows(compute, n, rank, world_size):
+    """compute(row indices) -> a tuple of tensors (one row per index), run by rank r on rows r::world_size and
+    gathered, so that every rank ends with all n rows (eval.py's and tools/mine.py's embeddings and pools)."""
+    parts = compute(list(range(rank, n, world_size)))
+    if world_size == 1:
+        return parts
+    import torch.distributed as dist
+    shares = [None] * world_size
+    dist.all_gather_object(shares, parts)  # CPU tensors, pickled: no padding to equal sizes needed
+    whole = [torch.empty((n,) + part.shape[1:], dtype=part.dtype) for part in parts]
+    for r, share in enumerate(shares):
+        for tensor, part in zip(whole, share):
+            tensor[r::world_size] = part
+    return tuple(whole)

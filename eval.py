@@ -59,6 +59,7 @@ import torch.distributed as dist
 import common
 import configurator
 import loss
+import rerank
 from common import UserError
 from readers import mmeb, mmeb_v2
 from readers.evaluation import check_datasets, read_eval_dataset, which_datasets
@@ -67,6 +68,7 @@ from readers.mmeb_v2_rows import check_v2_tasks, read_v2_task, select_v2_tasks
 from readers.reports import summary
 from runs.checkpoint import fingerprint
 from runs.export import changed_settings, dim_line, load_for_inference
+from runs.reranker import load_reranker
 from runs.results import (dataset_key, geometry_sample, keep_result, kept_results, report, scores_section,
                           sheet_rows, v2_section)
 
@@ -91,6 +93,8 @@ max_length = 0  # tokens per item, text truncated (never the image or template);
 dim = 0  # the vectors' first dim dimensions (Matryoshka: see the spec's matryoshka_dims); 0 = the checkpoint's
 skip_bad_rows = False  # skip and count malformed rows instead of stopping with an error
 allow_any_image_path = False  # let rows name images outside image_dir
+rerank_from = ""  # a reranker (train.py objective='rerank'): each query's top rerank_top rescored by it, scores before and after
+rerank_top = 10  # how many of the embedder's best candidates of each query the reranker rescores
 keep_card = False  # leave an export's model card as it is (else a whole-benchmark run at its own settings updates it)
 out = "out/eval.json"  # results as JSON; what the tools draw from goes beside it (<stem>_datasets/)
 overwrite = False  # recompute every dataset, also those an earlier run finished (kept in <stem>_datasets/) with the same key
@@ -145,22 +149,6 @@ def distinct_items(rows):
     return items, query_index, candidate_index
 
 
-def shared_rows(compute, n, rank, world_size):
-    """compute(row indices) -> a tuple of tensors (one row per index), run by rank r on rows r::world_size and
-    gathered, so that every rank ends with all n rows (eval.py's and tools/mine.py's embeddings and pools)."""
-    parts = compute(list(range(rank, n, world_size)))
-    if world_size == 1:
-        return parts
-    import torch.distributed as dist
-    shares = [None] * world_size
-    dist.all_gather_object(shares, parts)  # CPU tensors, pickled: no padding to equal sizes needed
-    whole = [torch.empty((n,) + part.shape[1:], dtype=part.dtype) for part in parts]
-    for r, share in enumerate(shares):
-        for tensor, part in zip(whole, share):
-            tensor[r::world_size] = part
-    return tuple(whole)
-
-
 def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1, label=""):
     """-> (embeddings (N, D) of all items, how many of their images were shrunk to fit max_length); under torchrun
     rank r encodes items[r::world_size] and the shares are gathered (common.shared_rows), so every rank ends with
@@ -176,7 +164,7 @@ def encode_shared(embedder, items, batch_size, num_workers, rank=0, world_size=1
         seen = len(preprocessor.shrunk)  # num_tokens notes each shrunk image once, as it measures the item
         vectors = embedder.encode(share, batch_size, num_workers, progress=label if rank == 0 else "")  # (n_rank, D)
         return vectors, torch.arange(len(share)) < len(preprocessor.shrunk) - seen  # (n_rank,): a count, gathered
-    embeddings, shrunk = shared_rows(encode, len(items), rank, world_size)
+    embeddings, shrunk = common.shared_rows(encode, len(items), rank, world_size)
     return embeddings, int(shrunk.sum())
 
 
@@ -236,17 +224,19 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
 # the run, one dataset after another, each kept as it finishes
 
 SCORE_KEYS = ("instructions", "dtype", "image_dir", "skip_bad_rows", "allow_any_image_path", "geometry", "seed",
-              "sheet_queries", "sheet_top_k")  # the settings that change a dataset's result (with the spec, the files)
+              "sheet_queries", "sheet_top_k", "reranker")  # the settings that change a dataset's result (with the spec, the files)
 
 
-def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, world_size, log, checkpoint_id):
+def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, world_size, log, checkpoint_id,
+                 reranker=None):
     """Every dataset of `names` -> per-dataset results, each kept in <stem>_datasets/ as it finishes (with its
-    geometry sample when settings["geometry"]). A dataset an earlier run with the same checkpoint, spec and
-    settings finished is read back, not encoded again."""
+    geometry sample when settings["geometry"]; with a reranker, its rescoring of each row's top settings[
+    "rerank_top"] under "reranked"). A dataset an earlier run with the same checkpoint, spec and settings (the
+    reranker's among them) finished is read back, not encoded again."""
     folder = stem + "_datasets"
     geometry_size = math.ceil(settings["geometry_samples"] / len(names)) if settings["geometry"] else 0
     keys = {name: dataset_key(name, os.path.join(mmeb_dir, name), embedder.spec, checkpoint_id,
-                              dict({k: settings[k] for k in SCORE_KEYS}, geometry_size=geometry_size)) for name in names}
+                              dict({k: settings.get(k) for k in SCORE_KEYS}, geometry_size=geometry_size)) for name in names}
     kept = common.on_rank_zero(lambda: kept_results(folder, keys, settings["overwrite"]), rank, world_size)  # all alike
     workers = common.worker_count(settings["num_workers"])
     per_dataset = {}
@@ -264,6 +254,18 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
         meta_task, split = mmeb.dataset_group(name)
         per_dataset[name] = dict(result, meta_task=meta_task, split=split, layout=report.layout,
                                  instructions=report.instructions["counts"], bad_rows=dict(report.bad))
+        if reranker is not None:  # the embedder's top rerank_top of each row, rescored: P@1 and hit@1 after
+            pair = lambda q, k: (rows[q]["query"], rows[q]["candidates"][k])  # noqa: E731
+            reranked, in_top, cost = rerank.rescore_top(reranker, pair, scores, settings["rerank_top"],
+                                                        settings["batch_size"], workers, rank, world_size,
+                                                        f"{name}: reranking")
+            hits, ties, argmax_hits = precision_at_1(reranked)
+            v2_hit = mmeb_v2.ranking_metrics(reranked, [str(k) for k in range(scores.shape[1])], [["0"]] * len(rows),
+                                             ks=(1,))
+            per_dataset[name]["reranked"] = dict(cost, precision_at_1=100.0 * hits / len(rows), ties=ties,
+                                                 precision_at_1_argmax=100.0 * argmax_hits / len(rows),
+                                                 v2_hit_at_1=100.0 * v2_hit["hit@1"],
+                                                 gold_in_top=100.0 * float(in_top[:, 0].float().mean()))
         sample = geometry_sample(embeddings, query_index, cand_index, geometry_size, generator) if geometry_size else None
         if settings["sheet_queries"]:
             per_dataset[name]["sheet"] = sheet_rows(name, rows, scores, settings["sheet_queries"],
@@ -278,6 +280,11 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
             + (f"; {result['images_shrunk']} images too large for max_length shrunk to fit" if result.get("images_shrunk")
                else "") + (f"; WARNING: rows hold {low} to {high} candidates, not one count" if low != high else ""),
             flush=True)
+        if "reranked" in per_dataset[name]:
+            after = per_dataset[name]["reranked"]
+            log(f"{name}: reranked top {after['top']}: P@1 {result['precision_at_1']:.1f} -> {after['precision_at_1']:.1f} "
+                f"(the gold in the top {after['top']}: {after['gold_in_top']:.1f} %), {after['queries_per_second']:.2f} "
+                f"queries/s", flush=True)
     return per_dataset
 
 
@@ -285,7 +292,8 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
 # MMEB-V2's video and visual-document tasks: read by readers/mmeb_v2_rows.py, ranked and scored as VLM2Vec-V2
 # does by readers/mmeb_v2.py; the 36 image tasks are the datasets above, their hit@1 beside their P@1
 
-def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, rank=0, world_size=1):
+def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, rank=0, world_size=1, reranker=None,
+                     top=10):
     """One video or visual-document task (a readers.mmeb_v2_rows task dict) -> its result: VLM2Vec's metrics
     (fractions: hit@k, ndcg_linear@k, ... for k = 1, 5, 10), the counts and the speed. Its queries and its
     de-duplicated pool are each encoded once (under torchrun a strided share per rank, gathered), scored (Q, M) as
@@ -304,6 +312,17 @@ def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, r
     scores = (query_emb @ pool_emb.T).float()  # (Q, M), eq. (2) / (1)
     metrics = mmeb_v2.ranking_metrics(scores, task["candidate_names"], task["labels"], task["rel_scores"],
                                       task["local"])
+    if reranker is not None:  # each query's top `top` of the pool (of its own candidates, local) rescored
+        if task["local"] is not None:
+            column = {name: j for j, name in enumerate(task["candidate_names"])}
+            own = torch.zeros_like(scores, dtype=torch.bool)
+            for q, names in enumerate(task["local"]):
+                own[q, [column[n] for n in names if n in column]] = True
+            scores = scores.masked_fill(~own, -math.inf)
+        reranked, _, cost = rerank.rescore_top(reranker, lambda q, m: (queries[q], pool[m]), scores, top, batch_size,
+                                        num_workers, rank, world_size, f"{task['name']}: reranking")
+        metrics["reranked"] = dict(cost, **mmeb_v2.ranking_metrics(reranked, task["candidate_names"], task["labels"],
+                                                                   task["rel_scores"], task["local"]))
     return dict(metrics, num_queries=len(queries), candidates=len(pool), seconds=seconds,
                 items_per_second=len(items) / max(seconds, 1e-9), seconds_per_1000_items=1000 * seconds / len(items),
                 images_shrunk=shrunk)
@@ -322,12 +341,13 @@ class Joined(Sequence):
         return self.queries[k] if k < len(self.queries) else self.pool[k - len(self.queries)]
 
 
-def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, checkpoint_id):
+def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, checkpoint_id, reranker=None):
     """Every V2 task of `names` -> {name: result}, each kept in <stem>_datasets/v2_<name>.json as it finishes and
     read back by a rerun with the same checkpoint, spec, settings and annotation files."""
     folder, per_task = stem + "_datasets", {}
     workers = common.worker_count(settings["num_workers"])
-    keep = {"dtype": settings["dtype"], "skip_bad_rows": settings["skip_bad_rows"], "v2_dir": os.path.abspath(v2_dir)}
+    keep = {"dtype": settings["dtype"], "skip_bad_rows": settings["skip_bad_rows"], "v2_dir": os.path.abspath(v2_dir),
+            "reranker": settings.get("reranker")}
     for name in names:
         task = read_v2_task(v2_dir, name, settings["skip_bad_rows"])
         files = sorted(task["report"]["files"])
@@ -344,7 +364,7 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
             log(f"{name}: WARNING: VLM2Vec-V2 embeds every saved frame of its videos (up to {most} here); "
                 f"--video_frames={embedder.spec.video_frames} keeps fewer (--video_frames={most} for its reading)")
         result = evaluate_v2_task(embedder, task, embedder.spec.similarity, settings["batch_size"], workers, rank,
-                                  world_size)
+                                  world_size, reranker, settings.get("rerank_top"))
         info = mmeb_v2.v2_task(reader.extra.get("like", name))  # your own task: that of the task whose layout it takes
         unreachable = task["report"].get("unreachable", 0)  # an answer none of its row's options is: VLM2Vec's miss
         per_task[name] = dict(result, family=info.family, metric=info.metric, eval_type=info.eval_type,
@@ -358,6 +378,10 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
             (f"; skipped rows: {summary(task['report']['skipped'])}" if task["report"]["skipped"] else "") +
             (f"; {unreachable} answers none of their options (misses, as VLM2Vec scores them)" if unreachable else ""),
             flush=True)
+        if "reranked" in result:
+            after = result["reranked"]
+            log(f"{name}: reranked top {after['top']}: {info.metric} {100 * result[info.metric]:.1f} -> "
+                f"{100 * after[info.metric]:.1f}, {after['queries_per_second']:.2f} queries/s", flush=True)
     return per_task
 
 
@@ -407,12 +431,19 @@ def main(argv=None):
                                         similarity=similarity, video_frames=video_frames,
                                         video_max_pixels=video_max_pixels, dim=dim)
     log(dim_line(init_from, embedder))
-    settings = {key: config[key] for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers", "overwrite")}
+    reranker = None
+    if rerank_from:  # its fingerprint and rerank_top key every reranked result
+        reranker = load_reranker(rerank_from, getattr(torch, dtype), max_length=max_length, max_pixels=max_pixels,
+                                 video_frames=video_frames, video_max_pixels=video_max_pixels)[0].to(run_device).eval()
+        reranker.preprocessor.fit_images = True
+        config["reranker"] = [os.path.abspath(rerank_from), fingerprint(rerank_from), rerank_top]
+    settings = {key: config.get(key) for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers",
+                                                              "overwrite", "rerank_top")}
     stem = os.path.splitext(out)[0]
     checkpoint_id = fingerprint(init_from)
     per_dataset = evaluate_all(embedder, mmeb_names + other_names, mmeb_dir, image_dir, stem, settings, rank, world_size,
-                               log, checkpoint_id) if mmeb_dir else {}
-    per_task = evaluate_v2(embedder, v2_names, v2_dir, stem, settings, rank, world_size, log, checkpoint_id)
+                               log, checkpoint_id, reranker) if mmeb_dir else {}
+    per_task = evaluate_v2(embedder, v2_names, v2_dir, stem, settings, rank, world_size, log, checkpoint_id, reranker)
     main_names = mmeb_names or other_names  # MMEB's datasets; the others apart. Without MMEB's, the others alone
     image_part = scores_section({n: per_dataset[n] for n in main_names}, missing, bool(mmeb_names)) if mmeb_dir else {}
     output = {"benchmark": "MMEB" if mmeb_names else "other" if mmeb_dir else "MMEB-V2", **image_part,
@@ -426,6 +457,16 @@ def main(argv=None):
         output["own_v2"] = own
     if mmeb_names and other_names:
         output["others"] = scores_section({n: per_dataset[n] for n in other_names}, [], False)
+    if reranker is not None:  # the embedder's P@1 and the reranked, over every dataset scored
+        done = [r for r in per_dataset.values() if "reranked" in r]
+        before, after = (sum(f(r) for r in done) / max(len(done), 1) for f in (lambda r: r["precision_at_1"],
+                                                                               lambda r: r["reranked"]["precision_at_1"]))
+        output["reranked"] = {"rerank_from": rerank_from, "top": rerank_top, "datasets": len(done),
+                              "mean_precision_at_1_before": before, "mean_precision_at_1_after": after,
+                              "queries_per_second": sum(r["num_queries"] for r in done) / max(
+                                  sum(r["reranked"]["seconds"] for r in done), 1e-9)}
+        log(f"reranked by {rerank_from}, the top {rerank_top} of each query: mean P@1 over {len(done)} datasets "
+            f"{before:.1f} -> {after:.1f}, {output['reranked']['queries_per_second']:.2f} queries/s")
     if rank == 0:
         if own:
             print(mmeb_v2.format_own_v2(own) + "\n")

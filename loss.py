@@ -36,6 +36,11 @@ P_i is data; Q_i carries the gradient. UniME-V2's released loss (config/unime_v2
 tau_j = tau = 0.02 on cosine, each log of the other's reference floored, eps = 1e-8 (alignment_floor), which at that
 tau sets the value more than the distributions do; config/unime_v2_hybrid.py is InfoNCE beside the exact (U3):
     A_i  = 1/2 [sum_k P_ik (log P_ik - log(Q_ik + eps)) + sum_k Q_ik (log Q_ik - log(P_ik + eps))]   (U3')
+
+The reranker (rerank.py) scores each of query i's own positive and K hard negatives, s_ik (k = 0: the positive) =
+log P(yes) - log P(no) of one prompt holding both sides (R1), and learns them by a softmax cross-entropy over them
+(Qwen3-VL-Reranker's listwise form; no candidate of another query enters, so nothing is gathered):
+    L_R  = (1/N) sum_i -log softmax_k(s_ik / tau_r)[0]                     (R2)
 """
 import warnings
 from typing import NamedTuple, Optional
@@ -59,13 +64,13 @@ class LossTerms(NamedTuple):
     """What pace_loss computed. loss carries the gradient; the rest is detached, for statistics()."""
     loss: torch.Tensor  # () world * this rank's share of L: each rank backpropagates its own; their mean is L
     logits: torch.Tensor  # (N, world * M) s / tau, eq. (3)
-    cos: torch.Tensor  # (N, world * M) s_cos, eq. (1)
+    cos: torch.Tensor  # (N, world * M) s_cos, eq. (1); a reranker's (N, 1 + K) scores, eq. (R1)
     targets: torch.Tensor  # (N,) each query's positive among all ranks' candidates
     nll: torch.Tensor  # (N,) l_i, eq. (3) (with MRL its mean over the dimensions)
     confidence: torch.Tensor  # (N,) p_i, eq. (4)
     weights: torch.Tensor  # (N,) a_i before normalisation, eq. (5)
-    query_norms: torch.Tensor  # (N,)
-    candidate_norms: torch.Tensor  # (M,) this rank's candidates only, so each counts once
+    query_norms: Optional[torch.Tensor]  # (N,); None for a reranker's scores
+    candidate_norms: Optional[torch.Tensor]  # (M,) this rank's candidates only, so each counts once
     alignment: Optional[torch.Tensor]  # (N,) A_i of eq. (U3), or None without judge scores
     alignment_weight: float  # lambda of eq. (U4)
     infonce_weight: float  # mu of eq. (U4): 1 without judge scores
@@ -219,6 +224,19 @@ def pace_loss(q, c, targets, similarity="cos", temperature=0.1, focal_gamma=2.0,
                      None if alignment is None else alignment.detach(), alignment_weight, infonce_weight)
 
 
+def rerank_loss(scores, temperature=1.0):
+    """The reranker's loss, eq. (R2). scores: (N, 1 + K) this rank's queries' scores of their own positive (column 0)
+    and K hard negatives. Each rank's share is its mean over its N queries: every rank holds as many, and FSDP2's
+    average of the ranks' gradients is then the gradient of the global mean. -> LossTerms (no cosines, no norms)"""
+    logits = scores.float() / temperature  # (N, 1 + K)
+    nll = -logits.log_softmax(dim=-1)[:, 0]  # (N,) -log of the positive's share
+    with torch.no_grad():
+        confidence = logits.softmax(dim=-1)[:, 0]  # (N,)
+        targets = torch.zeros(len(scores), dtype=torch.long, device=scores.device)
+    return LossTerms(nll.mean(), logits.detach(), scores.detach().float(), targets, nll.detach(), confidence,
+                     torch.ones_like(nll), None, None, None, 1.0, 1.0)
+
+
 def logit_spread(terms):
     """() the widest range of one local query's logits over its candidates: about 0 when the embeddings collapsed
     (all to zero, or all to one vector), where every logit of a query is the same, the loss is ln(candidates) and
@@ -239,10 +257,12 @@ def statistics(terms):
     rank, world = rank_and_world()
     positive = F.one_hot(terms.targets, terms.logits.shape[1]).bool()  # (N, world * M)
     one = torch.ones((), device=terms.logits.device)
+    norms = terms.query_norms is not None  # a reranker's terms have scores, no vectors
     sums = {"weighted_nll": (terms.weights * terms.nll).sum(), "weight_sum": terms.weights.sum(),
             "pos_prob": torch.exp(-terms.nll).sum(), "focal_confidence": terms.confidence.sum(),
-            "query_norm": terms.query_norms.sum(), "queries": one * len(terms.nll),
-            "candidate_norm": terms.candidate_norms.sum(), "candidates": one * len(terms.candidate_norms),
+            "query_norm": terms.query_norms.sum() if norms else 0 * one, "queries": one * len(terms.nll),
+            "candidate_norm": terms.candidate_norms.sum() if norms else 0 * one,
+            "candidates": one * len(terms.candidate_norms) if norms else one,
             "pos_cos": terms.cos[positive].sum(), "neg_cos": terms.cos[~positive].sum(), "negatives": (~positive).sum(),
             "alignment": terms.alignment.sum() if terms.alignment is not None else 0 * one}
     maxima = {"weight_max": terms.weights.max(), "minus_weight_min": -terms.weights.min(),
@@ -262,6 +282,9 @@ def statistics(terms):
              "candidate_norm": totals["candidate_norm"] / totals["candidates"],
              "pos_cos": totals["pos_cos"] / totals["queries"], "neg_cos": totals["neg_cos"] / max(totals["negatives"], 1.0),
              "logit_spread": totals["logit_spread"]}
+    if not norms:  # a reranker: the mean scores (R1) of positives and negatives, not cosines
+        stats = {("pos_score" if k == "pos_cos" else "neg_score" if k == "neg_cos" else k): v
+                 for k, v in stats.items() if k not in ("query_norm", "candidate_norm")}
     if terms.alignment is not None:  # eq. (U4): L is mu times InfoNCE plus lambda times the mean A_i
         stats["infonce"], stats["alignment"] = stats["loss"], totals["alignment"] / totals["queries"]
         stats["loss"] = terms.infonce_weight * stats["infonce"] + terms.alignment_weight * stats["alignment"]

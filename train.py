@@ -30,6 +30,7 @@ import configurator
 import data
 import lora
 import loss
+import rerank
 import train_step
 from common import UserError
 from model import EmbeddingSpec
@@ -43,6 +44,7 @@ outdir.sturdy_output()  # a closed pipe (| tee, ended by the same Ctrl-C), a ful
 # config: the paper's Stage I (Table 3); config/*.py files and --key=value override it
 out_dir = "out/stage1"  # checkpoints, log.jsonl, config.json and export/ go here
 init_from = "models/Qwen3.5-0.8B-Base"  # a Hugging Face Qwen3.5 folder, or a step folder of an earlier run (Stage II)
+objective = "embed"  # 'embed': the embedder, PACE's loss; 'rerank': a reranker of (query, candidate) prompts, eq. (R2) (rerank.py)
 resume = False  # continue from the newest intact checkpoint in out_dir
 allow_config_change = False  # with resume: let a resume change what defines the run (every key but runs/checkpoint.py's STEERING), recorded in config.json
 overwrite = False  # a fresh run where an earlier run's checkpoints are: delete them (else the run refuses to start)
@@ -69,7 +71,7 @@ lr_decay = "linear"  # after warmup: 'linear' to 0, 'cosine' to 0, or 'constant'
 weight_decay = 0.0  # AdamW weight decay on matrices
 adam_betas = (0.9, 0.999)  # AdamW betas
 grad_clip = 1.0  # clip the global gradient norm to this (0: off)
-temperature = 0.1  # tau of the contrastive logits: 0.1 for cos, 100 for dot
+temperature = 0.1  # tau of the contrastive logits: 0.1 for cos, 100 for dot; a reranker's tau_r of eq. (R2)
 focal_gamma = 2.0  # gamma of eq. (5); 0 is plain InfoNCE (the VLM2Vec baseline)
 focal_temperature = 0.1  # tau_w of the cosine focal confidence, eq. (4)
 weighting = "focal"  # query weights: 'focal' (eq. 5) or Figure 6(b)'s 'random', 'query_positive', 'query_negative'
@@ -104,7 +106,7 @@ wandb_run_name = ""  # W&B run name ('' = out_dir)
 config = configurator.configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
-for key, allowed in (("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")), ("soft_labels", ("none", "judge")),
+for key, allowed in (("objective", ("embed", "rerank")), ("weighting", loss.WEIGHTINGS), ("dtype", ("float32", "bfloat16")), ("soft_labels", ("none", "judge")),
                      ("lr_decay", ("linear", "cosine", "constant")), ("instructions", ("paper", "dataset"))):
     configurator.check_choice(key, config[key], allowed)
 # the spec: a field this config does not set is init_from's (Stage II keeps Stage I's pooling, dim, prompt, budgets)
@@ -115,6 +117,9 @@ globals().update(spec_fields)
 spec_said = f"spec against {init_from}'s: " + ", ".join(spec_moves)
 # the spec's choices checked now (pooling, similarity, video_frames), before the data
 EmbeddingSpec(**spec_fields)
+reranking = objective == "rerank"
+if reranking and soft_labels != "none":
+    raise UserError("objective='rerank' learns from the rows' positives and negatives: soft_labels must be 'none'")
 configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"))
 
 # -----------------------------------------------------------------------------
@@ -204,6 +209,8 @@ if master:
 embedder, _ = load_embedder(init_from, torch.float32, **spec_fields)
 if lora.merge_lora(embedder):  # Stage II from a Stage I step folder: fold its adapters into W
     print(f"merged the LoRA adapters of {init_from}")
+if reranking:  # the same backbone under a second head: the LM head's rows of yes and no, frozen (rerank.py)
+    embedder = rerank.Reranker.of(embedder, init_from)
 language_model = embedder.model.language_model
 torch.manual_seed(seed)  # identical adapter init on every rank
 if lora_rank > 0:
@@ -211,6 +218,8 @@ if lora_rank > 0:
 else:  # full fine-tuning: every parameter (a fork's own too) but the vision tower's
     embedder.requires_grad_(True)
     embedder.model.visual.requires_grad_(False)
+    if reranking:  # a tied head is the token embeddings: they stay what the score reads
+        language_model.embed_tokens.requires_grad_(False)
 torch.manual_seed(seed + rank)
 # transformers checkpoints a layer's forward inside FSDP2's hooks, so a recomputed layer sees bf16 inputs (FSDP2
 # skipped that cast when the checkpoint wrapped the unit before torch 2.13: pytorch issue 159359)
@@ -234,6 +243,8 @@ optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, 
 loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,
                  focal_temperature=focal_temperature, weighting=weighting, matryoshka_dims=matryoshka_dims)
 judged = soft_labels == "judge"
+if reranking:  # eq. (R2)
+    loss_args = dict(temperature=temperature)
 if judged:
     loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight,
                      infonce_weight=infonce_weight, alignment_floor=alignment_floor)  # (U1)-(U4)
@@ -257,7 +268,9 @@ preprocessor = embedder.preprocessor
 if allow_eval_datasets and any(s["leak"] for s in table.subsets):
     print("allow_eval_datasets=True: training on " + ", ".join(sorted({s["dataset"] for s in table.subsets if s["leak"]}))
           + ", MMEB out-of-distribution evaluation datasets: their MMEB scores are no longer out of distribution")
-dataset = data.TrainDataset(table, preprocessor, num_hard_negatives, seed, skip_bad_rows)
+# a reranker's rows are its (query, candidate) prompts, each query with its positive and its negatives
+dataset = (rerank.PairDataset(table, embedder.prompt, num_hard_negatives, seed, skip_bad_rows) if reranking else
+           data.TrainDataset(table, preprocessor, num_hard_negatives, seed, skip_bad_rows))
 sampler = data.MixtureSampler(sources, batch_size, rank, world_size, seed, homogeneous_batch) if sources else \
     data.ShardedBatchSampler(len(dataset), batch_size, rank, world_size, seed=seed)
 # a source shorter than a group repeats within it, as VLM2Vec-V2 restarts a read-through one
@@ -268,7 +281,7 @@ for source in sources or []:
 # Each side's items are sorted by length and cut into chunks, one forward call each: short items do not pad to
 # the longest of the batch. The number of chunks depends on the item count alone, never on tokens: every rank
 # makes the same number of forward calls, each FSDP2 forward being a collective.
-collate = data.collate_train(preprocessor, max_items=grad_cache_chunk or micro_batch or None)
+collate = (rerank.collate_pairs if reranking else data.collate_train)(preprocessor, grad_cache_chunk or micro_batch or None)
 workers = common.worker_count(num_workers)
 loader_args = dict(batch_sampler=sampler, num_workers=workers, collate_fn=collate, pin_memory=run_device.type == "cuda",
                    # the stop signals are the main process's
@@ -303,6 +316,8 @@ def export(step):
     state = get_model_state_dict(embedder, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master:
         state = lora.merge_lora_state_dict(state, lora_alpha)
+        if reranking and embedder.head_source:  # an untied head: the backbone's, frozen, beside the weights
+            state.update(rerank.lm_head_tensors(embedder.head_source))
         save_hf_folder(state, embedder.spec, export_dir, {"step": step, "trained_lora_rank": lora_rank, "config": config})
         print(f"exported {export_dir}")
     common.barrier()

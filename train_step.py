@@ -86,9 +86,9 @@ def forward_backward(embedder, batch, loss_args, grad_cache_chunk=0, autocast=No
     graph; 2) the loss, and its gradient with respect to those embeddings; 3) embed each chunk again, with a
     graph, and backpropagate its share of that gradient. The same gradients as the plain step: each re-embedding
     replays its first pass's RNG state (dropout draws the same masks), and FSDP2 reduces gradients once, after
-    the last chunk. Both compute the loss at one line, the place for what a fork adds to it."""
+    the last chunk. Both compute the loss at one line, the place for what a fork adds to it. A reranker's batch
+    (rerank.collate_pairs: "pairs") holds one side, its prompts, each embedded to a score: loss.rerank_loss."""
     device = embedder.device
-    targets = batch["targets"].to(device)
     if judged:  # UniME-V2's alignment: each query's own candidates and their scores
         loss_args = dict(loss_args, judge_scores=batch["judge_scores"].to(device),
                          own_candidates=batch["own_candidates"].to(device))
@@ -101,9 +101,12 @@ def forward_backward(embedder, batch, loss_args, grad_cache_chunk=0, autocast=No
             embeddings.append(embed(embedder, chunk, autocast))
     if grad_cache_chunk:  # 2) the loss's gradient stops at the embeddings
         embeddings = [e.requires_grad_() for e in embeddings]
-    num_query_chunks = len(batch["query"])
-    q, c = torch.cat(embeddings[:num_query_chunks]), torch.cat(embeddings[num_query_chunks:])  # (n, D), (n * (1 + K), D)
-    terms = loss.pace_loss(q, c, targets, **loss_args)
+    if "pairs" in batch:  # a reranker's (query, candidate) scores, eq. (R1): each query's own at batch["pairs"]
+        terms = loss.rerank_loss(torch.cat(embeddings)[batch["pairs"].to(device)], **loss_args)  # (n, 1 + K) in
+    else:
+        num_query_chunks, targets = len(batch["query"]), batch["targets"].to(device)
+        q, c = torch.cat(embeddings[:num_query_chunks]), torch.cat(embeddings[num_query_chunks:])  # (n, D), (n * (1 + K), D)
+        terms = loss.pace_loss(q, c, targets, **loss_args)
     terms.loss.backward()  # plain: into the parameters; GradCache: d loss / d embedding into each embeddings[i].grad
     for i, (chunk, cached, (cpu_rng, cuda_rng)) in enumerate(zip(chunks, embeddings, rng_states)):  # GradCache's 3)
         torch.set_rng_state(cpu_rng)

@@ -17,7 +17,9 @@ round, so the machine's speed and its drift cancel out.
    forward + backward of the same chunks, the sum of the embeddings as the loss (one graph; per chunk under
    GradCache), same trainable set: Stage I (LoRA, cos) and Stage II (full, dot), with and without GradCache (its own
    floor adds one no-grad forward of all chunks). Goal <= 1.10. Then Stage I on 8-frame video queries against its
-   floor, and Stage II with Matryoshka's prefixes over Stage II without.
+   floor, Stage II with Matryoshka's prefixes over Stage II without, and the reranker's step (rerank.py: LoRA, a
+   query's positive and negatives as (query, candidate) prompts, eq. R2) over its floor, the same forward and
+   backward with the scores' sum as the loss.
 2. padding: the share of computed positions that are padding, and the forward calls a batch, under three cuts
    of each side: ceil(n / max_items) near-equal chunks in the batch's order or length-sorted (the simple rule),
    and data.split_by_length's least-padding cut; on the toy data and on the MMEB-shaped length mix
@@ -40,6 +42,7 @@ On a GPU the step rows add tokens/s, MFU (runs/cost.py) and peak memory; the hea
 run. --fsdp=True shards both stages' models in a one-rank process group (gloo on CPU, NCCL on CUDA) with
 train_step.fully_shard_embedder and runs forward_backward's distributed path, as on 8 GPUs (step and cut).
 """
+import copy
 import functools
 import math
 import os
@@ -55,6 +58,7 @@ import torch.distributed as dist
 import common
 import data
 import loss
+import rerank
 import train_step
 from bench import gdn, startup, synthetic  # the data, models and cuts measured on; the Gated DeltaNet's section
 from bench.timing import Results, attempt, clock, paired_ratio, side_by_side
@@ -174,8 +178,9 @@ def header(device):
 # -----------------------------------------------------------------------------
 # the measurements
 
-def measure_steps(results, stages, batches, video_batch):
-    """Section 1: each stage's step, plain and with GradCache, against its floor; Stage I's on video queries."""
+def measure_steps(results, stages, batches, video_batch, reranker=None):
+    """Section 1: each stage's step, plain and with GradCache, against its floor; Stage I's on video queries; the
+    reranker's (its name, optimizer, step inputs and batch of pairs)."""
     print(f"1. training step / floor (the embedder's forward + backward of the same chunks); median of {iters} "
           f"rounds after {warmup}; goal <= 1.10 (GradCache: against its own floor)", flush=True)
     for stage, (name, optimizer, steps) in enumerate(stages):
@@ -190,6 +195,9 @@ def measure_steps(results, stages, batches, video_batch):
     name, optimizer, steps = stages[1]
     attempt(results, "step", "Stage II + MRL", measure_matryoshka, steps[False], optimizer, batches[False])
     optimizer.zero_grad(set_to_none=True)
+    if reranker is not None:
+        name, optimizer, step, pairs = reranker
+        attempt(results, "step", "reranker", measure_step, name, step, optimizer, pairs, False, False)
 
 
 def measure_matryoshka(results, step, optimizer, batch):
@@ -218,7 +226,7 @@ def measure_step(results, name, step, optimizer, batch, grad_cache, full_finetun
     long_step = grad_cache and device.type == "cuda" and grad_cache_batch > batch_size  # fewer rounds
     rounds = (min(iters, 2), min(warmup, 1)) if long_step else (iters, warmup)
     times, seconds = side_by_side(functions, device, *rounds)
-    row = {"name": name, "queries": len(batch["targets"]), "chunks": len(chunks), "real_tokens": real,
+    row = {"name": name, "queries": len(batch["rows"]), "chunks": len(chunks), "real_tokens": real,
            "padding": padding, "step_s": seconds["step"], "floor_s": seconds["floor"],
            "ratio": paired_ratio(times["step"], times["floor"]), "tokens_per_s": real / seconds["step"]}
     line = (f"  {name:<32} {row['queries']:>4} q {len(chunks):>4} chunks | step {seconds['step'] * 1e3:8.1f} ms | "
@@ -376,6 +384,15 @@ def shard(models, ptdtype, results):
     results.write()
 
 
+def reranker_step(reranker, autocast, items):
+    """The reranker's row: the reranker (a copy of Stage I's LoRA model under rerank.py's head), AdamW at Stage I's
+    rate, its step inputs at tau_r = 1, and the batch of these PairDataset items (rerank.collate_pairs).
+    -> (name, optimizer, step inputs, batch)"""
+    optimizer = train_step.adamw(reranker, STAGES[0][2], (0.9, 0.999), 0.0, sharded=fsdp)
+    step = dict(step_inputs(reranker, {}, False, autocast), loss_args={"temperature": 1.0})
+    return "Reranker (LoRA, pairs)", optimizer, step, rerank.collate_pairs(reranker.preprocessor, micro_batch)(items)
+
+
 def train_stages(models, autocast):
     """Each stage's name, AdamW (train_step.adamw, as train.py builds it) and its step_inputs, plain and with
     GradCache. -> [(name, optimizer, {grad_cache: step_inputs})]"""
@@ -418,6 +435,9 @@ def main():
         embedder, toy, toy_dataset = synthetic.toy_data(temporary.name, checkpoint, num_hard_negatives, seed)
         items = [toy_dataset[i] for i in range(count)]
     models = synthetic.stage_models(embedder.to(run_device), lora_rank, activation_checkpointing)
+    rerank_model = copy.deepcopy(models[0]) if "step" in wanted else None  # Stage I's LoRA model, its own copy
+    if rerank_model is not None:
+        models = (*models, rerank.Reranker.of(rerank_model, checkpoint).train())
     if fsdp:
         shard(models, ptdtype, results)
     autocast = train_step.autocast_for(models[0], ptdtype)  # as train.py: none under FSDP2 or in float32
@@ -433,9 +453,14 @@ def main():
                           step_flops(step[False]["embedder"], chunks, stage == 1)))
         gdn.measure_step_paths(results, steps, run_device, iters, warmup, peak_flops(run_device),
                                out.removesuffix(".json") + "_profile.txt" if out else "")
-    if "step" in wanted:  # and a batch of video queries, LLaVA-Hound's caption retrieval
+    if "step" in wanted:  # and a batch of video queries, LLaVA-Hound's caption retrieval; the reranker's pairs
         video = synthetic.video_items(embedder.preprocessor, batch_size, num_hard_negatives, seed)
-        measure_steps(results, stages, batches, synthetic.collate(embedder.preprocessor, video, micro_batch))
+        prompt = models[2].prompt
+        pairs = synthetic.mix_items(mix_preprocessor, batch_size, num_hard_negatives, max_pixels, seed, num_workers,
+                                    prompt) if real_shape else [rerank.PairDataset(
+                                        toy_dataset.table, prompt, num_hard_negatives, seed)[i] for i in range(batch_size)]
+        measure_steps(results, stages, batches, synthetic.collate(embedder.preprocessor, video, micro_batch),
+                      reranker_step(models[2], autocast, pairs))
     if "padding" in wanted:
         measure_padding(results, toy_dataset)
     if "cut" in wanted:  # a real shape's items are the mix already

@@ -18,7 +18,7 @@
 #      PACE_FUSED_NORM=0 where fla's fused gated norm disagrees);
 #   3. 0.8B: section gdn (a layer's rule by path; Stage I's and Stage II's steps on deltanet.py's path, on the
 #      chosen one and on it with the gated norm unfused: tokens/s, MFU, peak memory, the profile), then section step
-#      (every step row over its floor);
+#      (every step row over its floor, the reranker's, rerank.py, among them);
 #   4. 2B: section gdn.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -105,19 +105,23 @@ def side_item(rng, side, jpegs=()):
     return {"text": " ".join(rng.choice(WORDS) for _ in range(max(1, text_tokens))), "image": image}
 
 
-def mix_item(rows, preprocessor, seed, i):
-    """Synthetic row i as a TrainDataset item (model inputs), the same for a seed wherever it is made."""
+def mix_item(rows, preprocessor, seed, i, prompt=None):
+    """Synthetic row i as a TrainDataset item (model inputs), the same for a seed wherever it is made; with prompt
+    (a reranker's rerank.PairPrompt), the same sides as a PairDataset item: the query with each candidate."""
     rng, row = random.Random(f"{seed}/{i}"), rows[i]
-    feature = lambda side: preprocessor(**side_item(rng, side))  # noqa: E731
-    return {"query": feature(row["query"]), "candidates": [feature(c) for c in row["candidates"]], "row": i,
+    sides = [side_item(rng, side) for side in [row["query"]] + row["candidates"]]  # drawn in this order either way
+    if prompt is not None:
+        return {"pairs": [prompt(sides[0], side) for side in sides[1:]], "row": i, "skipped": []}
+    return {"query": preprocessor(**sides[0]), "candidates": [preprocessor(**side) for side in sides[1:]], "row": i,
             "skipped": []}
 
 
-def mix_items(preprocessor, count, num_negatives, max_pixels, seed, num_workers):
-    """`count` rows of the mix as TrainDataset items, made in num_workers DataLoader workers."""
+def mix_items(preprocessor, count, num_negatives, max_pixels, seed, num_workers, prompt=None):
+    """`count` rows of the mix as TrainDataset items (with prompt, PairDataset items), made in num_workers workers."""
     rows = mix_rows(random.Random(seed), count, num_negatives, max_pixels)
     return list(torch.utils.data.DataLoader(range(count), batch_size=None, num_workers=num_workers,
-                                            collate_fn=functools.partial(mix_item, rows, preprocessor, seed)))
+                                            collate_fn=functools.partial(mix_item, rows, preprocessor, seed,
+                                                                         prompt=prompt)))
 
 
 def video_items(preprocessor, count, num_negatives, seed, frames=8, size=(224, 224)):

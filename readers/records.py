@@ -28,6 +28,7 @@ import collections
 import difflib
 import functools
 import json
+import math
 import os
 import re
 
@@ -384,8 +385,8 @@ def train_row(record, images, rewrite):
 
 
 def judge_scores(record, kept, names):
-    """A judged record's scores (tools/mine.py's pos_judge, neg_judge) -> [positive's, each kept negative's], each in
-    [0, 1]; None when the record carries no judge scores."""
+    """A judged record's scores (pos_judge, neg_judge) -> [positive's, each kept negative's], each finite: a judge's
+    probabilities (tools/mine.py) or a reranker's log-odds (tools/distill.py); None when the record carries none."""
     positive, negatives = record.get(names["positive_judge"]), record.get(names["negative_judges"])
     if positive is None and negatives is None:
         return None
@@ -395,6 +396,6 @@ def judge_scores(record, kept, names):
         raise BadRow(names["negative_judges"], f"expected a score for the positive and a list of a score for each "
                                                f"negative, got {str(negatives)[:80]!r}", "unparsable judge scores")
     values = [float(positive)] + [float(scores[k]) for k in kept]
-    if not all(0.0 <= v <= 1.0 for v in values):
-        raise BadRow(names["negative_judges"], f"judge scores lie in [0, 1], got {values}", "unparsable judge scores")
+    if not all(math.isfinite(v) for v in values):
+        raise BadRow(names["negative_judges"], f"judge scores are finite numbers, got {values}", "unparsable judge scores")
     return values

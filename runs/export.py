@@ -54,7 +54,8 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     edit_json(os.path.join(tmp_dir, "processor_config.json"), lambda processor: dict(processor, **{
         key: budget(kind)(processor[key]) for key, kind in (("image_processor", ""), ("video_processor", "video_"))
         if key in processor}))
-    tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items() if key.startswith("model.")}
+    tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()
+               if key.startswith(("model.", "lm_head."))}  # a reranker's untied head beside the backbone's weights
     stored = {str(v.dtype).replace("torch.", "") for v in tensors.values() if v.is_floating_point()}
     if len(stored) == 1:
         edit_json(os.path.join(tmp_dir, "config.json"), lambda config: stored_dtype(config, next(iter(stored))))
@@ -66,13 +67,15 @@ def save_hf_folder(state_dict, spec, out_dir, info):
     save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
     shareable(os.path.join(tmp_dir, "model.safetensors"))  # save_file leaves 0600
     spec.save(tmp_dir)
-    write_text(os.path.join(tmp_dir, "chat_template.jinja"), chat_template(spec))  # the release's is a chat's
-    sentence_transformers_files(tmp_dir, spec, width)
+    reranker = info.get("config", {}).get("objective") == "rerank"  # rerank.py's: no embedding template or modules
+    if not reranker:
+        write_text(os.path.join(tmp_dir, "chat_template.jinja"), chat_template(spec))  # the release's is a chat's
+        sentence_transformers_files(tmp_dir, spec, width)
     edit_json(os.path.join(tmp_dir, "tokenizer_config.json"),
               lambda tokenizer: {k: v for k, v in tokenizer.items() if k != "chat_template"})
     with open(os.path.join(tmp_dir, INFO), "w") as f:
         json.dump(info, f, indent=2)
-    card = model_card(spec, info, out_dir, family_of(tmp_dir))
+    card = (rerank_card if reranker else model_card)(spec, info, out_dir, family_of(tmp_dir))
     if os.path.isfile(os.path.join(out_dir, "README.md")) and fingerprint(out_dir) == fingerprint(tmp_dir):
         with open(os.path.join(out_dir, "README.md")) as f:  # a re-export of the same weights keeps their evaluation
             earlier = f.read()
@@ -257,14 +260,94 @@ EVALUATION_START = "## Evaluation\n"
 CARD_STEERING = ("max_iters", "learning_rate", "warmup_ratio", "grad_cache_chunk")  # shown beside what defines it
 
 
+def training_table(spec, info):
+    """The card's training section: the spec's fields, then what else defined the run and its steering keys."""
+    config = info.get("config", {})
+    rows = [(f"`{k}`", f"`{v!r}`") for k, v in spec.to_dict().items()]
+    shown = [k for k in config if k in CARD_STEERING or k in defining(config) and k not in spec.to_dict()]
+    rows += [(f"`{k}`", f"`{config[k]!r}`") for k in shown]  # the training config after the spec's fields
+    return "| key | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+RERANK_CARD = '''---
+library_name: transformers
+pipeline_tag: text-ranking
+tags: [multimodal-reranker, {model_type}, pace]
+---
+
+# {name}: a multimodal reranker
+
+A {family} vision-language model ({backbone}), {what}, trained to judge whether a candidate meets a query: one
+prompt holds both, and the score is the log-odds of "yes" against "no" for the next token, step {step}. Higher is
+more relevant; rank a query's candidates by it. Each side is at most {max_length} tokens, an image resized to
+{min_pixels:,} to {max_pixels:,} pixels.
+
+```
+<|im_start|>system
+{system_prompt}<|im_end|>
+<|im_start|>user
+<Query>:
+{{the query: its image as <|vision_start|><|image_pad|>...<|vision_end|>, then its text}}
+<Document>:
+{{the candidate, the same way}}<|im_end|>
+<|im_start|>assistant
+<think>
+
+</think>
+
+```
+
+## Load it with plain transformers
+
+```python
+import torch
+from transformers import {generator_class}, {tokenizer_class}
+
+path = "{folder}"
+tokenizer = {tokenizer_class}.from_pretrained(path)
+model = {generator_class}.from_pretrained(path).eval()
+yes, no = (tokenizer(word, add_special_tokens=False)["input_ids"][0] for word in ("yes", "no"))
+
+def score(query, document):  # text alone; images go in as the embedder's card shows, one per side
+    prompt = ("<|im_start|>system\\n{system_prompt}<|im_end|>\\n<|im_start|>user\\n<Query>:\\n" + query
+              + "\\n<Document>:\\n" + document + "<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n")
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits[0, -1]
+    return (logits[yes] - logits[no]).item()
+```
+
+The PACE repository's `load_reranker` does the same, batched, images and videos too:
+
+```python
+from runs.reranker import load_reranker   # run from the PACE repository's root
+reranker, info = load_reranker("{folder}")
+scores = reranker.score([({{"text": "a red circle"}}, {{"text": "", "image": "circle.png"}})])
+```
+
+## Training
+
+{training}
+'''
+
+
+def rerank_card(spec, info, folder, family):
+    """The README.md of a reranker's export."""
+    return RERANK_CARD.format(
+        model_type=next(t for t, f in FAMILIES.items() if f == family), family=family.name,
+        name=os.path.basename(os.path.dirname(os.path.abspath(folder))) or "pace",
+        backbone=os.path.basename(os.path.normpath(spec.backbone)) or family.name, step=info.get("step", "?"),
+        what="its LoRA adapters merged" if info.get("trained_lora_rank") else "its whole language model",
+        max_length=spec.max_length, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
+        system_prompt=spec.system_prompt, generator_class=family.model_class.replace("Model", "ForConditionalGeneration"),
+        tokenizer_class=family.tokenizer_class, folder=folder, training=training_table(spec, info))
+
+
 def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
     """The README.md of an export folder (Hugging Face model card): spec says what the vectors are (POOLINGS the
     words and the code of its pooling), info (its pace.json) how the model was trained, family (model.FAMILIES) the
     classes that load it."""
-    config, dot = info.get("config", {}), spec.similarity == "dot"
-    rows = [(f"`{k}`", f"`{v!r}`") for k, v in spec.to_dict().items()]
-    shown = [k for k in config if k in CARD_STEERING or k in defining(config) and k not in spec.to_dict()]
-    rows += [(f"`{k}`", f"`{config[k]!r}`") for k in shown]  # the training config after the spec's fields
+    dot = spec.similarity == "dot"
     backbone = os.path.basename(os.path.normpath(spec.backbone))
     trained = "dot-product" if dot else "cosine"
     trained += " training of LoRA adapters (merged here)" if info.get("trained_lora_rank") else \
@@ -291,7 +374,7 @@ def model_card(spec, info, folder, family=FAMILIES["qwen3_5"]):
         score_expression="query @ candidate" if dot else "torch.nn.functional.cosine_similarity(query, candidate, dim=0)",
         encode_score_expression="vectors[0] @ vectors[1]" if dot else
         "torch.nn.functional.cosine_similarity(vectors[0], vectors[1], dim=0)",
-        training="| key | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows),
+        training=training_table(spec, info),
         evaluation="Not evaluated yet: `python eval.py --init_from=<this folder> ...` in the PACE repository "
                    "writes its MMEB table here.")
 

@@ -272,7 +272,8 @@ class StepLog:
             if self.wandb:
                 self.wandb.log(record, step=step)
         print(f"step {step}/{self.max_iters} | loss {stats['loss']:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | pos_prob "
-              f"{stats['pos_prob']:.3f} | q_norm {stats['query_norm']:.2f} | {record['tokens_per_s']:,.0f} tok/s"
+              f"{stats['pos_prob']:.3f}" + (f" | q_norm {stats['query_norm']:.2f}" if "query_norm" in stats else "")
+              + f" | {record['tokens_per_s']:,.0f} tok/s"
               + (f" | mfu {record['mfu']:.1%}" if self.gpu_peak else "")
               + f" | {duration(now - self.start)} elapsed, ~{duration(left)} left", flush=True)
         if window["skipped_count"]:  # every rank's count; rank 0's own rows for the example

@@ -67,7 +67,10 @@ def test_step_flops_count_the_weight_gradients_only_when_fully_finetuning(tiny_c
 def check_step_rows(rows, stdout):
     assert [r["name"] for r in rows] == ["Stage I (LoRA, cos)", "Stage I (LoRA, cos) + GradCache",
                                          "Stage II (full, dot)", "Stage II (full, dot) + GradCache",
-                                         "Stage I, 8-frame videos", "Stage II + MRL"]
+                                         "Stage I, 8-frame videos", "Stage II + MRL", "Reranker (LoRA, pairs)"]
+    reranker = rows.pop()  # 4 queries, each with its positive and negative: 8 prompts in ceil(sqrt(8)) calls
+    assert (reranker["queries"], reranker["chunks"]) == (4, 3) and reranker["step_s"] > 0 and reranker["floor_s"] > 0
+    assert reranker["name"] in stdout
     matryoshka = rows.pop()
     assert rows[-1]["real_tokens"] > rows[0]["real_tokens"]  # the video queries: 8 frames each, longer than images
     assert matryoshka["dims"] == [16, 32] and matryoshka["ratio"] > 0.5  # D/4 and D/2 of the tiny model's 64

@@ -265,9 +265,12 @@ def test_every_training_config_resolves_and_its_stage_two_starts_from_a_kept_che
     assert config['similarity'] in ('cos', 'dot') and config['weighting'] in ('focal', 'random', 'query_positive',
                                                                              'query_negative')
     assert config['temperature'] == {'cos': 0.1, 'dot': 100.0}[config['similarity']] / (5 if config['grad_cache_chunk'] else 1) \
-        or name.startswith('shapes_') or (name == 'unime_v2.py' and config['temperature'] == 0.02 == config['judge_temperature'])
-    # Table 3, and Table 6's tau / 5 with GradCache; UniME-V2's released loss takes its own 0.02
-    assert config['learning_rate'] == (2e-5 if config['lora_rank'] else 2e-6) or name.startswith('shapes_')
+        or name.startswith('shapes_') or (name == 'unime_v2.py' and config['temperature'] == 0.02 == config['judge_temperature']) \
+        or (config['objective'] == 'rerank' and config['temperature'] == 1.0)
+    # Table 3, and Table 6's tau / 5 with GradCache; UniME-V2's released loss takes its own 0.02; a reranker's
+    # scores are log-odds (tau_r = 1) and its LoRA learns at 1e-4 (rerank.py)
+    assert config['learning_rate'] == (2e-5 if config['lora_rank'] else 2e-6) or name.startswith('shapes_') \
+        or (config['objective'] == 'rerank' and config['learning_rate'] == 1e-4)
     assert config['batch_size'] % 8 == 0  # splits over 8 GPUs
     configure(dict(defaults), [os.path.join(ROOT, 'config', name)] + TOY_PATHS)  # and with the toy's paths
     stage_one = os.path.basename(config['init_from'])

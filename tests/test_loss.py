@@ -412,3 +412,27 @@ def test_unime_v2_config_is_the_released_loss_in_its_own_setting():
     # at this temperature the floor sets the value: the exact KL (the hybrid's) is another number
     exact, _ = loss_and_stats(q, c, torch.arange(n), judge_scores=judge, own_candidates=own, **dict(args, alignment_floor=0.0))
     assert abs(exact.item() - released.item()) > 0.05
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_rerank_loss_matches_a_float64_loop_and_reports_scores(temperature):
+    """Eq. (R2): the mean over queries of -log softmax_k(s_ik / tau_r) at the positive (k = 0), its gradient, and the
+    statistics a reranker's log line reads (mean scores of positives and negatives, no norms)."""
+    from loss import rerank_loss
+    torch.manual_seed(3)
+    scores = (3 * torch.randn(5, 4)).requires_grad_()  # 5 queries, a positive and 3 negatives each
+    terms = rerank_loss(scores, temperature)
+    terms.loss.backward()
+    exact = scores.detach().double().requires_grad_()
+    total = 0.0
+    for row in exact:  # one query at a time: -log(e^{s_0 / tau} / sum_k e^{s_k / tau})
+        total = total - (row[0] / temperature - torch.log(sum(torch.exp(s / temperature) for s in row)))
+    (total / len(exact)).backward()
+    assert terms.loss.item() == pytest.approx((total / len(exact)).item(), rel=1e-6)
+    assert torch.allclose(scores.grad.double(), exact.grad, atol=1e-6)
+    stats = statistics(terms)
+    assert stats["loss"] == pytest.approx(terms.loss.item(), rel=1e-6)
+    assert stats["pos_score"] == pytest.approx(scores[:, 0].mean().item(), rel=1e-5)
+    assert stats["neg_score"] == pytest.approx(scores[:, 1:].mean().item(), rel=1e-5)
+    assert "query_norm" not in stats and "pos_cos" not in stats
+    assert collapse_flag(rerank_loss(torch.ones(5, 4))) == 1.0  # every candidate alike: no signal

@@ -25,7 +25,6 @@ as mmE5 writes them), neg_score (the retrieval scores) and, judged, pos_judge (a
 literal); image paths relative to image_dir, so train.py reads out with the same image_dir. Under torchrun each
 rank embeds, retrieves and judges a share, and rank 0 writes.
 """
-import json
 import math
 import os
 import sys
@@ -44,7 +43,7 @@ from common import UserError
 from readers import training
 from runs.checkpoint import fingerprint
 from runs.export import load_for_inference
-from tools.judge import Judge, judge_chunks, wait_for_chunks
+from tools.judge import Judge, gathered_scores, judge_chunks
 
 # -----------------------------------------------------------------------------
 # config: every default can be overridden by a config file or --key=value
@@ -200,7 +199,7 @@ def embed_and_retrieve(embedder, rows, blocks, pool_size, threshold, batch_size,
     if not torch.isfinite(embeddings).all():
         raise UserError("the embedder gave non-finite embeddings: mining with them would rank at random")
     similarity = embedder.spec.similarity
-    index, score = evaluation.shared_rows(lambda share: retrieve(
+    index, score = common.shared_rows(lambda share: retrieve(
         embeddings, query_index, candidate_index[:, 0], blocks, similarity, pool_size, threshold, run_device, share),
         len(rows), rank, world)
     if rank == 0:
@@ -219,14 +218,7 @@ def judge_all(judge, judge_id, rows, items, index, folder, rank, world, chunk_ro
         return row["query"], [row["candidates"][0]] + [items[j] for j in index[i].tolist() if j >= 0]
 
     files = judge_chunks(judge, row_pairs, len(rows), folder, chunk_rows, batch_size, workers, judge_id, rank, world)
-    if rank != 0:
-        return None
-    wait_for_chunks(files, timeout_minutes)
-    judged = []
-    for c in sorted(files):
-        with open(files[c]) as f:
-            judged += json.load(f)["scores"]
-    return judged
+    return gathered_scores(files, timeout_minutes) if rank == 0 else None
 
 
 def main(argv=None):
@@ -255,7 +247,7 @@ def main(argv=None):
     judged = None
     if judge_from:
         judge_id = [os.path.abspath(judge_from), fingerprint(judge_from), dtype, max_pixels, max_length]
-        judge = Judge(judge_from, getattr(torch, dtype), run_device, max_length, max_pixels)
+        judge = Judge.load(judge_from, getattr(torch, dtype), run_device, max_length, max_pixels)
         judged = judge_all(judge, judge_id, rows, items, index, os.path.normpath(out) + ".judge", rank, world,
                            judge_chunk_rows, judge_batch_size, common.worker_count(num_workers), timeout_minutes)
     summary = {"out": out, "subsets": {}}
