@@ -224,7 +224,13 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
 # the run, one dataset after another, each kept as it finishes
 
 SCORE_KEYS = ("instructions", "dtype", "image_dir", "skip_bad_rows", "allow_any_image_path", "geometry", "seed",
-              "sheet_queries", "sheet_top_k", "reranker")  # the settings that change a dataset's result (with the spec, the files)
+              "sheet_queries", "sheet_top_k")  # the settings that change a dataset's result (with the spec, the files)
+
+
+def reranked_by(settings):
+    """What a reranked result's key adds: the reranker (path, fingerprint) and rerank_top; {} without one, so the keys
+    of a plain evaluation stay what they were."""
+    return {"reranker": settings["reranker"]} if settings.get("reranker") else {}
 
 
 def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, world_size, log, checkpoint_id,
@@ -236,7 +242,8 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
     folder = stem + "_datasets"
     geometry_size = math.ceil(settings["geometry_samples"] / len(names)) if settings["geometry"] else 0
     keys = {name: dataset_key(name, os.path.join(mmeb_dir, name), embedder.spec, checkpoint_id,
-                              dict({k: settings.get(k) for k in SCORE_KEYS}, geometry_size=geometry_size)) for name in names}
+                              dict({k: settings[k] for k in SCORE_KEYS}, geometry_size=geometry_size,
+                                   **reranked_by(settings))) for name in names}
     kept = common.on_rank_zero(lambda: kept_results(folder, keys, settings["overwrite"]), rank, world_size)  # all alike
     workers = common.worker_count(settings["num_workers"])
     per_dataset = {}
@@ -347,7 +354,7 @@ def evaluate_v2(embedder, names, v2_dir, stem, settings, rank, world_size, log, 
     folder, per_task = stem + "_datasets", {}
     workers = common.worker_count(settings["num_workers"])
     keep = {"dtype": settings["dtype"], "skip_bad_rows": settings["skip_bad_rows"], "v2_dir": os.path.abspath(v2_dir),
-            "reranker": settings.get("reranker")}
+            **reranked_by(settings)}
     for name in names:
         task = read_v2_task(v2_dir, name, settings["skip_bad_rows"])
         files = sorted(task["report"]["files"])
@@ -405,6 +412,7 @@ def main(argv=None):
     configurator.check_choice("dtype", dtype, ("float32", "bfloat16"))
     configurator.check_choice("similarity", similarity, ("",) + loss.SIMILARITIES)
     configurator.check_choice("instructions", instructions, ("paper", "dataset"))
+    configurator.check_counts(config, ("rerank_top",))
     if not (mmeb_dir or v2_dir) or not (init_from or check_data):
         raise UserError("set --mmeb_dir=... (MMEB's image tasks) and/or --v2_dir=... (MMEB-V2's video and visual-"
                         "document tasks), and --init_from=...")
@@ -436,9 +444,9 @@ def main(argv=None):
         reranker = load_reranker(rerank_from, getattr(torch, dtype), max_length=max_length, max_pixels=max_pixels,
                                  video_frames=video_frames, video_max_pixels=video_max_pixels)[0].to(run_device).eval()
         reranker.preprocessor.fit_images = True
-        config["reranker"] = [os.path.abspath(rerank_from), fingerprint(rerank_from), rerank_top]
-    settings = {key: config.get(key) for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers",
-                                                              "overwrite", "rerank_top")}
+    settings = {key: config[key] for key in SCORE_KEYS + ("geometry_samples", "batch_size", "num_workers",
+                                                          "overwrite", "rerank_top")}
+    settings["reranker"] = [os.path.abspath(rerank_from), fingerprint(rerank_from), rerank_top] if reranker else None
     stem = os.path.splitext(out)[0]
     checkpoint_id = fingerprint(init_from)
     per_dataset = evaluate_all(embedder, mmeb_names + other_names, mmeb_dir, image_dir, stem, settings, rank, world_size,

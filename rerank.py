@@ -7,8 +7,8 @@ rerank.py: a pointwise multimodal reranker, a second head on the embedder's back
     scores = reranker.score([(query, candidate), ...])               # (n,) float64 log-odds, higher = more relevant
 
 One prompt holds both sides, each laid out as model.Preprocessor lays out an item (its image or video through
-vision placeholders, then its text) and every text tokenised as the whole prompt would tokenise it (each ends on a
-newline), and the score is read at the last position, where the answer comes next:
+vision placeholders, then its text; the query's last text tokenised with the newline after it, so the ids are
+the whole prompt string's), and the score is read at the last position, where the answer comes next:
 
     <|im_start|>system
     {spec.system_prompt: SYSTEM_PROMPT in config/rerank.py}<|im_end|>
@@ -63,15 +63,20 @@ class PairPrompt:
 
     def __init__(self, preprocessor, head, middle, tail):
         self.pre = preprocessor
+        # the middle's leading newline is tokenised with the query's last text, as the whole string would be
+        # (Qwen's pre-tokenizer joins "?" or "." and the newline after it)
+        self.query_end = "\n" if middle.startswith("\n") else ""
+        middle = middle[len(self.query_end):]
         self.head, self.middle, self.tail = (preprocessor.ids(text, True) for text in (head, middle, tail))
 
-    def side(self, item):
-        """-> (ids, position pieces, patches or None, grid (1, 3) or None) of a query or a candidate."""
-        return self.pre.item_tokens(item.get("text") or "", item.get("image"), item.get("video"))
+    def side(self, item, end=""):
+        """-> (ids, position pieces, patches or None, grid (1, 3) or None) of a query or a candidate, its text
+        followed by `end`."""
+        return self.pre.item_tokens((item.get("text") or "") + end, item.get("image"), item.get("video"))
 
     def __call__(self, query, candidate):
         try:
-            sides = [self.side(query), self.side(candidate)]
+            sides = [self.side(query, self.query_end), self.side(candidate)]
         except ValueError as error:  # an unreadable image, an aspect ratio over 200 (UserErrors naming the image)
             raise UserError(f"the pair {query.get('text', '')[:60]!r} and {candidate.get('text', '')[:60]!r}: "
                             f"{error}") from None
@@ -145,6 +150,11 @@ class Reranker(Embedder):
         if ids[0] == ids[1]:
             raise UserError(f"{folder}: its tokenizer starts {cls.words[0]!r} and {cls.words[1]!r} with one token")
         source = next((f for f in (folder, embedder.spec.backbone) if f and lm_head_file(f)), None)  # an embedder's export
+        config = embedder.model.config
+        tied = getattr(config, "tie_word_embeddings", False) or getattr(config.text_config, "tie_word_embeddings", False)
+        if source is None and not tied:
+            raise UserError(f"{folder}: its backbone's LM head is its own (tie_word_embeddings is false), but neither "
+                            f"{folder} nor {embedder.spec.backbone} holds lm_head.weight in model.safetensors")
         head = lm_head_tensors(source)["lm_head.weight"] if source else embedder.model.language_model.embed_tokens.weight
         reranker = cls(embedder.model, embedder.preprocessor, head[ids].detach().float())  # tied: the embeddings
         reranker.head_source = source  # where an export reads the untied head it keeps (None: tied)
@@ -179,21 +189,27 @@ class Reranker(Embedder):
         return scores
 
 
-def rescore_top(reranker, pair, scores, top, batch_size=16, num_workers=0, rank=0, world_size=1, label=""):
+def rescore_top(reranker, pair, scores, top, batch_size=16, num_workers=0, rank=0, world_size=1, label="", block=256):
     """The embedder's scores (Q, K) -> (reranked (Q, K): the reranker's scores s(q, c) (eq. R1 of rerank.py) of each
     row's `top` best candidates, and below them the rest in the embedder's order (-inf stays no candidate), so the
     metrics rank the reranked top first and miss a gold the embedder left out of it; the top (Q, K) bool; the cost).
-    pair(q, k): row q's query and its candidate k. Under torchrun rank r rescores rows r::world_size, gathered."""
+    pair(q, k): row q's query and its candidate k, asked for `block` rows at a time (a page is built when read).
+    Under torchrun rank r rescores rows r::world_size, gathered."""
     best = scores.topk(min(top, scores.shape[1]), dim=1)  # (Q, top): values, indices
     start = time.time()
 
-    def rescore(indices):  # this rank's rows -> ((n, top) scores,)
-        kept = [(i, k) for i in indices for j, k in enumerate(best.indices[i].tolist()) if best.values[i, j] > -math.inf]
-        got = reranker.score([pair(i, k) for i, k in kept], batch_size, num_workers, label if rank == 0 else "")
+    def rescore(indices):  # this rank's rows -> ((n, K) scores,)
         share = torch.full((len(indices), scores.shape[1]), -math.inf, dtype=torch.float64)
-        row_of = {i: n for n, i in enumerate(indices)}
-        for (i, k), value in zip(kept, got.tolist()):
-            share[row_of[i], k] = value
+        for at in range(0, len(indices), block):
+            kept = [(n, i, k) for n, i in enumerate(indices[at:at + block], at)
+                    for j, k in enumerate(best.indices[i].tolist()) if best.values[i, j] > -math.inf]
+            got = reranker.score([pair(i, k) for _, i, k in kept], batch_size, num_workers, label if rank == 0 else "")
+            if not torch.isfinite(got).all():
+                _, i, k = kept[int((~torch.isfinite(got)).nonzero()[0])]
+                raise UserError(f"{label or 'reranking'}: the reranker gave a non-finite score for "
+                                f"{int((~torch.isfinite(got)).sum())} of {len(got)} pairs, e.g. row {i}'s candidate {k}")
+            for (n, _, k), value in zip(kept, got.tolist()):
+                share[n, k] = value
         return (share,)
     (reranked,) = common.shared_rows(rescore, len(scores), rank, world_size)
     seconds, in_top = time.time() - start, torch.isfinite(reranked)
@@ -201,8 +217,7 @@ def rescore_top(reranker, pair, scores, top, batch_size=16, num_workers=0, rank=
         below = scores.double() - scores[torch.isfinite(scores)].max() + reranked[in_top].min() - 1.0
         reranked = torch.where(in_top, reranked, below)
     return reranked, in_top, {"top": best.indices.shape[1], "pairs": int(in_top.sum()), "seconds": seconds,
-                      "queries_per_second": len(scores) / max(seconds, 1e-9)}
-
+                              "queries_per_second": len(scores) / max(seconds, 1e-9)}
 
 
 # -----------------------------------------------------------------------------

@@ -118,8 +118,9 @@ spec_said = f"spec against {init_from}'s: " + ", ".join(spec_moves)
 # the spec's choices checked now (pooling, similarity, video_frames), before the data
 EmbeddingSpec(**spec_fields)
 reranking = objective == "rerank"
-if reranking and soft_labels != "none":
-    raise UserError("objective='rerank' learns from the rows' positives and negatives: soft_labels must be 'none'")
+if reranking and (soft_labels != "none" or num_hard_negatives < 1):
+    raise UserError("objective='rerank' learns from each row's positive against its negatives: soft_labels must be "
+                    f"'none' and num_hard_negatives 1 or more (got {soft_labels!r}, {num_hard_negatives})")
 configurator.check_counts(config, ("checkpoint_interval", "log_interval", "keep_last", "max_iters", "max_bad_steps"))
 
 # -----------------------------------------------------------------------------
@@ -218,7 +219,7 @@ if lora_rank > 0:
 else:  # full fine-tuning: every parameter (a fork's own too) but the vision tower's
     embedder.requires_grad_(True)
     embedder.model.visual.requires_grad_(False)
-    if reranking:  # a tied head is the token embeddings: they stay what the score reads
+    if reranking:  # the token embeddings stay: where the head is tied they are what the score reads
         language_model.embed_tokens.requires_grad_(False)
 torch.manual_seed(seed + rank)
 # transformers checkpoints a layer's forward inside FSDP2's hooks, so a recomputed layer sees bf16 inputs (FSDP2
@@ -316,8 +317,9 @@ def export(step):
     state = get_model_state_dict(embedder, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master:
         state = lora.merge_lora_state_dict(state, lora_alpha)
-        if reranking and embedder.head_source:  # an untied head: the backbone's, frozen, beside the weights
-            state.update(rerank.lm_head_tensors(embedder.head_source))
+        if reranking and embedder.head_source:  # an untied head: the backbone's, frozen, beside the weights, in
+            # their float32 (config.json then says float32)
+            state.update({k: v.float() for k, v in rerank.lm_head_tensors(embedder.head_source).items()})
         save_hf_folder(state, embedder.spec, export_dir, {"step": step, "trained_lora_rank": lora_rank, "config": config})
         print(f"exported {export_dir}")
     common.barrier()

@@ -279,8 +279,8 @@ tags: [multimodal-reranker, {model_type}, pace]
 
 A {family} vision-language model ({backbone}), {what}, trained to judge whether a candidate meets a query: one
 prompt holds both, and the score is the log-odds of "yes" against "no" for the next token, step {step}. Higher is
-more relevant; rank a query's candidates by it. Each side is at most {max_length} tokens, an image resized to
-{min_pixels:,} to {max_pixels:,} pixels.
+more relevant; rank a query's candidates by it. Each side's text is cut to fit max_length = {max_length} tokens
+(never its image), an image resized to {min_pixels:,} to {max_pixels:,} pixels.
 
 ```
 <|im_start|>system

@@ -1,13 +1,15 @@
 """
 shapes/reranked.py: the toy's reranker and distillation rows. At each seed, beside the main job (shapes/spread.py's
 run of it): a reranker trained on the toy's rows (config/shapes_rerank.py), Stage II's evaluation with its top 10
-reranked (eval.py --rerank_from), the reranker's scores of the image rows (tools/distill.py) and a third stage
-distilled from them (config/shapes_distill.py), evaluated as the main job is; then mean ± std over the seeds.
+reranked (eval.py --rerank_from), the reranker's scores of the image rows (tools/distill.py), a third stage
+distilled from them (config/shapes_distill.py) and its control (the same steps on the same rows without the
+teacher), each evaluated as the main job is; then mean ± std over the seeds.
 
     python -m shapes.reranked                  # seeds 1337-1339; runs the main job first where it is missing
 
-Written under --out_dir (default out/spread, shapes/spread.py's): t1_s<seed>/{rerank,distill_rows,distill}/ and
-eval_reranked.json, eval_distill.json, and reranked.md / reranked.json. Resumes as shapes/study.py does.
+Written under --out_dir (default out/spread, shapes/spread.py's): t1_s<seed>/{rerank,distill_rows,distill,continued}/
+and eval_reranked.json, eval_distill.json, eval_continued.json, and reranked.md / reranked.json. Resumes as
+shapes/study.py does.
 """
 import os
 import sys
@@ -52,7 +54,13 @@ def jobs(out, data, seed, top):
     distill["command"] += [flag("train_data", [rows])]  # the scored rows, not the toy's three files
     evaluated = eval_job(f"s{seed} eval distill", data, at("distill", "export"), at("eval_distill.json"),
                          [distill["done"]])
-    return [train, reranked, score, distill, evaluated]
+    # the control: the same steps on the same rows without the teacher, so the row shows what the scores add
+    control = train_job(f"s{seed} continued", "shapes_distill.py", at("continued"), data, seed, 1, stage2,
+                        [score["done"], os.path.join(stage2, "pace.json")])
+    control["command"] += [flag("train_data", [rows]), flag("soft_labels", "none")]
+    controlled = eval_job(f"s{seed} eval continued", data, at("continued", "export"), at("eval_continued.json"),
+                          [control["done"]])
+    return [train, reranked, score, distill, evaluated, control, controlled]
 
 
 def reranked_figures(path):
@@ -80,8 +88,10 @@ def summary(out, chosen):
     rows = {"Stage II (the main job)": [figures(os.path.join(out, run_name(s, 1), "eval_2.json")) for s in chosen],
             f"Stage II, its top {rerank_top} reranked": [reranked_figures(os.path.join(out, run_name(s, 1),
                                                                                        "eval_reranked.json")) for s in chosen],
-            "Stage III, distilled from the reranker": [figures(os.path.join(out, run_name(s, 1), "eval_distill.json"))
-                                                       for s in chosen]}
+            "Stage II + 50 steps on the scored rows, no teacher": [
+                figures(os.path.join(out, run_name(s, 1), "eval_continued.json")) for s in chosen],
+            "Stage III, distilled from the reranker (those 50 steps with the teacher)": [
+                figures(os.path.join(out, run_name(s, 1), "eval_distill.json")) for s in chosen]}
     names = list(rows["Stage II (the main job)"][0])
     table = {label: {n: mean_std([run[n] for run in runs]) for n in names} for label, runs in rows.items()}
     cell = lambda s: f"{s['mean']:.1f}" + (f" ± {s['std']:.1f}" if s["std"] is not None else "")  # noqa: E731

@@ -293,6 +293,8 @@ def test_the_eval_config_resolves():
     ('train.py', ['--learning_rat=1'], "error: --learning_rat=1: unknown config key 'learning_rat'; did you mean "
                                        "learning_rate?"),
     ('eval.py', ['--init_from=/no/such/folder', '--mmeb_dir={mmeb}'], "error: '/no/such/folder' does not exist"),
+    ('train.py', ["--objective='rerank'", '--num_hard_negatives=0'], "error: objective='rerank' learns from each row's "
+                                                                     "positive against its negatives"),
     ('train.py', ['--init_from=models/Qwen3.5-08B-Base', '--train_data={rows}', '--check_data=False',
                   '--batch_size=1', '--num_hard_negatives=0'], "error: 'models/Qwen3.5-08B-Base' does not exist (or is not a folder): expected a "
                                      "Hugging Face folder"),

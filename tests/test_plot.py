@@ -80,6 +80,15 @@ def test_one_panel_per_curve_each_series_against_step(tmp_path):
         assert not non_finite_marks(ax) and not dashed(ax)
 
 
+def test_a_rerankers_log_draws_its_scores_in_place_of_the_vectors_panels(tmp_path):
+    keys = ["loss", "pos_prob", "pos_score", "neg_score", "lr", "grad_norm"]  # what a reranker's log.jsonl holds
+    records = [{"step": s, **{key: 0.1 * s + i for i, key in enumerate(keys)}} for s in range(1, 11)]
+    figure = plot.training_curves([write_run(tmp_path / "rerank", records)])
+    assert [ax.get_title() for ax in figure.axes] == [title for title, _, _ in plot.RERANK_CURVES]
+    x, y = series(panel(figure, "scores, eq. (R1)"), "neg_score")
+    assert list(y) == [r["neg_score"] for r in records]
+
+
 def test_stage_two_continues_where_it_branched_off(tmp_path):
     first = write_run(tmp_path / "stage1", [{"step": s, "loss": 1.0 / s} for s in range(1, 151)], "backbone")
     second = write_run(tmp_path / "stage2", [{"step": s, "loss": 1.0} for s in range(1, 51)],

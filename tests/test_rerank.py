@@ -136,13 +136,16 @@ def test_rescore_top_reranks_the_embedders_best_and_keeps_the_rest_below():
                            [0.9, 0.2, -math.inf, 0.1]])  # gold first; a missing candidate stays missing
     table = {(q, c): float(q == 0 and c == 0) * 5 + (q == 2 and c == 1) * 9 for q in range(3) for c in range(4)}
     stub = Stub(table)
-    reranked, in_top, cost = rerank.rescore_top(stub, lambda q, k: (q, k), scores, 2)
+    reranked, in_top, cost = rerank.rescore_top(stub, lambda q, k: (q, k), scores, 2, block=2)  # rows 0-1, then 2
     assert sorted(stub.asked) == [(0, 0), (0, 1), (1, 1), (1, 2), (2, 0), (2, 1)]  # each row's top 2, once
     assert in_top.sum() == 6 and cost["top"] == 2 and cost["pairs"] == 6
     assert evaluation.precision_at_1(reranked)[0] == 1  # row 0 a hit; row 1 never saw its gold; row 2 lost it to 1
     assert reranked[0, 0] > reranked[0, 1] and reranked[2, 1] > reranked[2, 0] > reranked[2, 3]
     assert reranked[1, 0] < reranked[1, 3] < reranked[1, [1, 2]].min()  # the rest below, in the embedder's order
     assert reranked[2, 2] == -math.inf
+    stub.table[(1, 2)] = math.nan
+    with pytest.raises(UserError, match="non-finite score for 1 of 4 pairs, e.g. row 1's candidate 2"):
+        rerank.rescore_top(stub, lambda q, k: (q, k), scores, 2, block=2)
 
 
 def test_an_embedders_checkpoint_is_not_a_reranker(tiny_checkpoint, tmp_path):
@@ -275,3 +278,25 @@ def test_gradcache_gives_the_plain_steps_gradients_for_a_reranker(tiny_checkpoin
     assert cached_loss == pytest.approx(plain_loss, rel=1e-5) and len(plain) == len(cached) > 10
     assert max((a - b).abs().max().item() for a, b in zip(plain, cached)) < 1e-5
     assert max(g.abs().max().item() for g in plain) > 1e-4  # a gradient flowed
+
+
+def test_the_prompts_ids_are_the_whole_strings_where_qwens_split_joins_a_stop_and_a_newline(tiny_checkpoint, tmp_path):
+    """Qwen's pre-tokenizer keeps "?" or "." and the newline after it in one piece, and a real vocabulary merges them:
+    the query's last text is tokenised with the template's newline, so the ids are the whole prompt string's. The
+    tiny vocabulary gets those two merges here (it has none), so that a split at the wrong place shows."""
+    from model import Preprocessor
+    folder = tmp_path / "merges"
+    shutil.copytree(tiny_checkpoint, folder)
+    definition = json.loads((folder / "tokenizer.json").read_text())
+    vocab, first_new = definition["model"]["vocab"], 1 + max(t["id"] for t in definition["added_tokens"])
+    for k, stop in enumerate("?."):
+        vocab[stop + "Ċ"] = first_new + k  # after the added tokens' ids
+        definition["model"]["merges"].append([stop, "Ċ"])
+    (folder / "tokenizer.json").write_text(json.dumps(definition))
+    preprocessor = Preprocessor.from_pretrained(str(folder), system_prompt=SYSTEM)
+    prompt = rerank.PairPrompt(preprocessor, *rerank.template(SYSTEM))
+    head, middle, tail = rerank.template(SYSTEM)
+    for query, candidate in [("What happens?", "a red circle."), ("Find the caption.", "no?"), ("a b", "c")]:
+        whole = preprocessor.tokenizer(head + query + middle + candidate + tail, add_special_tokens=False)["input_ids"]
+        assert prompt({"text": query}, {"text": candidate})["input_ids"].tolist() == whole, query
+    assert first_new in prompt({"text": "What happens?"}, {"text": "x"})["input_ids"].tolist()  # the merge is used

@@ -7,14 +7,16 @@ into an embedder (Qwen3-VL-Embedding's and Ovis-VL-Embedding's last stage; docs/
     torchrun --nproc_per_node=8 -m tools.distill --rerank_from=out/rerank/export ... --out=data/distill_rows
     python train.py config/shapes_distill.py           # soft_labels="judge" reads the scores (loss.py, eqs. U1-U4)
 
-Rows are read as train.py reads train_data (its prepared table, readers/training.py; instructions as stored), each
-with exactly num_hard_negatives negatives (its own, hardest first, else filled from its subset as data.py fills
-them, seeded), and the reranker scores the query against its positive and each negative: s = log P(yes) -
+Rows are read as train.py reads train_data (its prepared table, readers/training.py), each with exactly
+num_hard_negatives negatives (its own, hardest first, else filled from its subset as data.py fills them, seeded),
+and the reranker scores the query (its instructions as the reranker trained on them, `instructions`) against its
+positive and each negative: s = log P(yes) -
 log P(no) (rerank.py, eq. R1), log-odds, not probabilities. Scoring is slow (a prompt holds both sides), so it
 runs in chunks of chunk_rows rows, each written to <out>.scores/ when done (tools/judge.py's, named by a digest
 of its pairs and the reranker); a rerun skips the chunks it finds, and under torchrun each rank scores a share.
 
-Written: out/<subset>/train.parquet per subset, in the mmE5 layout tools/mine.py writes (qry, qry_image_path,
+Written: out/<subset>/train.parquet per subset (the queries as stored: train.py rewrites them once, as it reads
+them), in the mmE5 layout tools/mine.py writes (qry, qry_image_path,
 pos_text, pos_image_path, neg_text, neg_image_path), with pos_judge (a float) and neg_judge (a list literal) the
 scores: read back with train_data=out, the same image_dir and soft_labels="judge", where judge_temperature is the
 teacher's temperature over these log-odds (eq. U1).
@@ -44,6 +46,7 @@ train_data = []  # as train.py's: files, subset folders, download roots, or {'pa
 image_dir = ""  # as train.py's: where the rows' image paths are relative to; written relative to it
 train_split = "original"  # as train.py's: the split a subset folder is read through
 table_dir = "data/tables"  # as train.py's: where train_data is converted, once, into the prepared table
+instructions = "paper"  # the queries the reranker scores, as train.py read them for it: 'paper' (readers/mmeb.py) or 'dataset'
 out = "out/distill_rows"  # a folder: out/<subset>/train.parquet per subset, read back with train_data=out
 num_hard_negatives = 5  # negatives scored and written per row (the distillation stage's num_hard_negatives)
 seed = 1337  # as train.py's: seeds the fill of missing negatives
@@ -52,7 +55,8 @@ batch_size = 8  # (query, candidate) prompts per forward pass
 num_workers = 4  # DataLoader worker processes per rank (decode, resize, tokenise)
 max_pixels = 0  # image pixel budget; 0 = the reranker's own
 max_length = 0  # tokens per side, text truncated; 0 = the reranker's own
-skip_bad_rows = False  # as train.py's: skip and count malformed rows instead of stopping with an error
+skip_bad_rows = False  # as train.py's: leave out malformed rows (a missing image path, an empty query); an image that
+# does not decode still stops the scoring, naming it
 allow_any_image_path = False  # as train.py's: rows may name images outside image_dir (written as absolute paths)
 allow_eval_datasets = False  # as train.py's: read rows of MMEB's out-of-distribution evaluation datasets
 device = "cuda" if torch.cuda.is_available() else "cpu"  # 'cuda' or 'cpu'
@@ -91,14 +95,17 @@ def main(argv=None):
         raise UserError("set --rerank_from=..., --train_data=... and --out=...")
     configurator.check_choice("dtype", dtype, ("float32", "bfloat16"))
     configurator.check_counts(globals(), ("num_hard_negatives", "chunk_rows", "batch_size"))
-    table = training.checked_table(train_data, image_dir, table_dir, num_hard_negatives, train_split, "dataset",
-                                   allow_any_image_path, skip_bad_rows, allow_eval_datasets)
+    configurator.check_choice("instructions", instructions, ("paper", "dataset"))
+    table, stored = (training.checked_table(train_data, image_dir, table_dir, num_hard_negatives, train_split, kind,
+                                            allow_any_image_path, skip_bad_rows, allow_eval_datasets)
+                     for kind in (instructions, "dataset"))  # the same rows, in one order: only queries differ
     if videos := [s["subset"] for s in table.subsets if s.get("videos")]:  # the mmE5 layout holds images only
         raise UserError(f"train_data: {', '.join(videos)} hold videos; tools/distill.py writes rows of text and images")
     rank, _, world, run_device = common.compute_init(device, timeout_minutes)
     if threads:
         torch.set_num_threads(threads)
-    rows = [data.row_with_negatives(table, i, num_hard_negatives, seed) for i in range(len(table))]
+    rows = [data.row_with_negatives(table, i, num_hard_negatives, seed) for i in range(len(table))]  # as scored
+    written = [data.row_with_negatives(stored, i, num_hard_negatives, seed) for i in range(len(stored))]
     reranker, _ = load_reranker(rerank_from, getattr(torch, dtype), max_length=max_length, max_pixels=max_pixels)
     reranker.preprocessor.fit_images = True  # a photo too large for max_length is shrunk to fit, as eval's
     reranker.to(run_device).eval()
@@ -108,7 +115,7 @@ def main(argv=None):
                          scorer_id, rank, world, "distill")
     summary = {"out": out, "files": {}}
     if rank == 0:
-        summary["files"] = write_subsets(rows, gathered_scores(files, timeout_minutes), subset_blocks(table.subsets),
+        summary["files"] = write_subsets(written, gathered_scores(files, timeout_minutes), subset_blocks(stored.subsets),
                                          out, image_dir, allow_any_image_path)
     if world > 1:  # no barrier: a rank may finish its chunks hours before the others
         dist.destroy_process_group()

@@ -46,6 +46,10 @@ CURVES = [  # panel title, the log.jsonl keys it draws, log scale
     ("focal weights a_i (eq. 5)", ["weight_min", "weight_max"], False),
     ("embedding norms", ["query_norm", "candidate_norm"], False), ("cosine", ["pos_cos", "neg_cos"], False),
     ("learning rate", ["lr"], True), ("gradient norm", ["grad_norm"], True)]
+RERANK_CURVES = [  # a reranker's log (train.py objective='rerank'): its scores in place of the vectors' panels
+    ("loss (eq. R2)", ["loss"], False), ("positive's probability", ["pos_prob"], False),
+    ("scores, eq. (R1)", ["pos_score", "neg_score"], False), ("learning rate", ["lr"], True),
+    ("gradient norm", ["grad_norm"], True)]
 ROUNDING = 1e-5  # a spread of values within this fraction of their size is float rounding: drawn flat
 CELL, GAP, PAD, THUMB = (3.6, 1.3), 0.04, 0.08, 1.1  # retrieval sheet cell, inches: size, gap, padding, thumbnail
 TEXT_CHARS, TEXT_LINES, FONT_SIZE = 35, 8, 7  # a cell's monospace text: characters a line, lines, points
@@ -86,14 +90,15 @@ def started_from(log_path, earlier_log_path):
 
 
 def training_curves(log_paths, title=""):
-    """train.py's log.jsonl files -> a Figure of one axes per CURVES panel against step, 4 a row; each file
-    continues the one before (curve_records: from the step its init_from names, else after its last step), a
-    dashed line and the run's name where it begins. A line still being written is skipped."""
+    """train.py's log.jsonl files -> a Figure of one axes per CURVES panel (a reranker's: RERANK_CURVES) against
+    step, 4 a row; each file continues the one before (curve_records: from the step its init_from names, else after
+    its last step), a dashed line and the run's name where it begins. A line still being written is skipped."""
     records, marks = curve_records(log_paths)
     steps = np.array([r["step"] for r in records], dtype=float)
-    rows = math.ceil(len(CURVES) / 4)
+    panels = RERANK_CURVES if records and all("pos_score" in r for r in records) else CURVES
+    rows = math.ceil(len(panels) / 4)
     figure = plt.figure(figsize=(16, 3.2 * rows), layout="constrained")
-    for i, (name, keys, log_y) in enumerate(CURVES):  # one step axis: a panel with no values spans it too
+    for i, (name, keys, log_y) in enumerate(panels):  # one step axis: a panel with no values spans it too
         ax = figure.add_subplot(rows, 4, i + 1, title=name, xlabel="step", sharex=figure.axes[0] if i else None)
         draw_panel(ax, steps, {key: [r.get(key) for r in records] for key in keys}, log_y, marks)
     figure.suptitle(title or " + ".join(log_paths))
