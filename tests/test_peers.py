@@ -30,7 +30,8 @@ from shapes.tiny_model import make_tiny_checkpoint  # noqa: E402
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """A Stage II (dot) and a Stage I (cosine) export of a tiny Qwen3.5 whose norms vary, one with mean pooling (the
-    fork of docs/forks.md), one of a tiny Qwen3-VL (the second backbone family), and three pictures."""
+    fork of docs/forks.md), one of a tiny Qwen3-VL (the second backbone family), a merge (tools/merge.py), and three
+    pictures."""
     root = tmp_path_factory.mktemp("peers")
     embedder = Embedder.from_pretrained(make_tiny_checkpoint(str(root / "tiny"), seed=0, final_norm_std=0.15))
     second = Embedder.from_pretrained(make_tiny_checkpoint(str(root / "tiny_vl"), seed=0, final_norm_std=0.15,
@@ -42,6 +43,13 @@ def exports(tmp_path_factory):
                                  ("mrl", embedder, {"similarity": "dot", "matryoshka_dims": (16, 32)})]:
         paths[name] = str(root / f"export_{name}")
         save_hf_folder(model.state_dict(), model.spec.replace(**changes), paths[name], {"step": 1, "config": {}})
+    # tools/merge.py's average of the Stage II export and a perturbed copy of it: an export like any other
+    from tools import merge
+    torch.manual_seed(0)
+    perturbed = {k: v + 0.02 * torch.randn_like(v) for k, v in embedder.state_dict().items()}
+    save_hf_folder(perturbed, embedder.spec.replace(similarity="dot"), str(root / "export_dot_b"), {"step": 1, "config": {}})
+    paths["merged"] = merge.main([f"--inputs={[paths['dot'], str(root / 'export_dot_b')]!r}",
+                                  f"--out={root / 'export_merged'}"])
     pictures = []
     for k, size in enumerate([(90, 60), (300, 200), (64, 64)]):  # the second is resized: where processors differ
         pictures.append(str(root / f"picture{k}.jpg"))
@@ -64,7 +72,7 @@ def as_sentence_transformers_input(item):
 def test_sentence_transformers_gives_encodes_vectors(exports):
     paths, pictures = exports
     items = items_of(pictures)
-    for export, name in (("dot", "dot"), ("cos", "cosine"), ("mean", "dot"), ("qwen3_vl", "dot")):
+    for export, name in (("dot", "dot"), ("cos", "cosine"), ("mean", "dot"), ("qwen3_vl", "dot"), ("merged", "dot")):
         expected = Embedder.from_pretrained(paths[export]).encode(items)
         model = sentence_transformers.SentenceTransformer(paths[export], device="cpu")
         assert model.similarity_fn_name == name

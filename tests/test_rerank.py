@@ -194,6 +194,11 @@ def test_a_trained_reranker_exports_and_loads_back_the_same_scores(toy, trained,
     untrained = rerank.Reranker.of(Embedder.from_pretrained(toy["checkpoint"], system_prompt=SYSTEM), toy["checkpoint"])
     assert (from_export.score(pairs) - untrained.score(pairs)).abs().max() > 1e-3  # the steps changed it
     assert from_export.score(pairs[:1]).item() == pytest.approx(plain_score(export, *pairs[0]), abs=1e-4)
+    namespace = {}  # the card's plain-transformers code, run as a user would copy it
+    exec(card.split("```python\n")[1].split("```")[0], namespace)  # noqa: S102
+    texts = [("a red circle?", "a blue square."), ("Which shape is it?", "red")]
+    expected = from_export.score([({"text": q}, {"text": d}) for q, d in texts]).tolist()
+    assert [namespace["score"](q, d) for q, d in texts] == pytest.approx(expected, abs=1e-4)
 
 
 @pytest.mark.slow
