@@ -18,10 +18,10 @@ import sys
 import types
 
 import configurator
-from common import UserError, install_error_hook, write_json, write_text
+from common import UserError, install_error_hook
 from shapes.prepare import DATA_DIR, ROOT
 from shapes.spread import eval_job, figures, run_name, train_job
-from shapes.study import flag, mean_std, run_jobs
+from shapes.study import flag, mean_std, run_jobs, write_tables
 
 # -----------------------------------------------------------------------------
 seeds = [1337, 1338, 1339]  # the seeds whose Stage II exports are merged, every pair of them
@@ -102,8 +102,7 @@ def main(argv=None):
              + [job for kind in KINDS for a, b in itertools.combinations(args.seeds, 2)
                 for job in jobs(out, data, kind, a, b, first)], args.parallel)
     text, numbers = summary(out, args.seeds)
-    write_text(os.path.join(out, "merged.md"), text)
-    write_json(os.path.join(out, "merged.json"), numbers)
+    write_tables(out, "merged", text, numbers)
     print(text, flush=True)
 
 

@@ -16,10 +16,10 @@ import sys
 import types
 
 import configurator
-from common import install_error_hook, write_json, write_text
+from common import install_error_hook
 from shapes.prepare import DATA_DIR, ROOT
 from shapes.spread import eval_job, figures, jobs as main_jobs, run_name, train_job
-from shapes.study import flag, mean_std, run_jobs
+from shapes.study import flag, mean_std, run_jobs, write_tables
 
 # -----------------------------------------------------------------------------
 seeds = [1337, 1338, 1339]  # train.py seeds
@@ -108,8 +108,7 @@ def main(argv=None):
                                                                                           args.rerank_top)],
              args.parallel)
     text, numbers = summary(out, args.seeds)
-    write_text(os.path.join(out, "reranked.md"), text)
-    write_json(os.path.join(out, "reranked.json"), numbers)
+    write_tables(out, "reranked", text, numbers)
     print(text, flush=True)
 
 

@@ -19,9 +19,9 @@ import sys
 import types
 
 import configurator
-from common import install_error_hook, write_json, write_text
+from common import install_error_hook
 from shapes.prepare import DATA_DIR, ROOT
-from shapes.study import flag, mean_std, run_jobs
+from shapes.study import flag, mean_std, run_jobs, write_tables
 
 CHECKPOINTS = (("Stage I, step 100 (Stage II starts here)", "stage1", "step_000100"),
                ("Stage I, step 150 (its end)", "stage1", "export"), ("Stage II, step 150", "stage2", "export"))
@@ -178,8 +178,7 @@ def main(argv=None):
              + [job for seed, count, capability in runs_of(args) for job in jobs(seed, count, out, data, capability)],
              args.parallel)
     text, numbers = summary(args)
-    write_text(os.path.join(args.out_dir, "spread.md"), text)
-    write_json(os.path.join(args.out_dir, "spread.json"), numbers)
+    write_tables(args.out_dir, "spread", text, numbers)
     print(text, flush=True)
 
 

@@ -224,6 +224,12 @@ def family_sources(train, folder):
     return files
 
 
+def write_tables(folder, stem, text, numbers):
+    """A script's result: <stem>.md (text) and <stem>.json (numbers) in folder, written whole."""
+    write_text(os.path.join(folder, f"{stem}.md"), text)
+    write_json(os.path.join(folder, f"{stem}.json"), numbers)
+
+
 def run_jobs(jobs, parallel):
     """Run the jobs whose file is missing, `parallel` at a time, each once the files it needs exist, printing
     progress and the time left. A failed job stops the study; running it again resumes. -> jobs run"""
@@ -379,8 +385,7 @@ def main(argv=None):
     run_jobs([job for seed in args.seeds for job in seed_jobs(seed, args)], args.parallel)
     table = summarise(args.out_dir, args.seeds, [f"{m}@{d}" if d else m for m in args.methods for d in [0] + args.dims])
     text = markdown(table, scale)
-    write_text(os.path.join(args.out_dir, "results.md"), text)
-    write_json(os.path.join(args.out_dir, "results.json"), {"scale": scale, "seeds": args.seeds, "methods": table})
+    write_tables(args.out_dir, "results", text, {"scale": scale, "seeds": args.seeds, "methods": table})
     picture = figure(args.out_dir, args.seeds[0], args.methods)
     print(text + f"\nwrote {os.path.join(args.out_dir, 'results.md')}, results.json" +
           (f" and {picture}" if picture else "") + f"; {duration(time.time() - start)} this run", flush=True)
