@@ -192,6 +192,16 @@ def precision_at_1(scores):
     return int((gold > best_other).sum()), int((gold == best_other).sum()), int((gold >= best_other).sum())
 
 
+def gold_first_metrics(scores):
+    """scores (Q, K), the gold at column 0 -> precision_at_1, precision_at_1_argmax (percent) and ties
+    (precision_at_1), and v2_hit_at_1: MMEB-V2 scores an image task by hit@1 of VLM2Vec-V2's ranking (its numpy sort:
+    ties in its order)."""
+    hits, ties, argmax_hits = precision_at_1(scores)
+    v2_hit = mmeb_v2.ranking_metrics(scores, [str(k) for k in range(scores.shape[1])], [["0"]] * len(scores), ks=(1,))
+    return {"precision_at_1": 100.0 * hits / len(scores), "precision_at_1_argmax": 100.0 * argmax_hits / len(scores),
+            "v2_hit_at_1": 100.0 * v2_hit["hit@1"], "ties": ties}
+
+
 def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, rank=0, world_size=1, label=""):
     """One dataset's rows -> (result dict, embeddings (N, D), query_index, cand_index, scores (Q, K)). The result
     holds precision_at_1 and precision_at_1_argmax (percent), num_queries, ties, the candidate-count range and the
@@ -208,13 +218,9 @@ def evaluate_dataset(embedder, rows, similarity, batch_size=16, num_workers=0, r
         raise UserError(f"{label or 'dataset'}: the model gave non-finite embeddings for {len(bad)} of its "
                         f"{len(items)} items, e.g. {item.get('text', '')[:60]!r} (image {item.get('image')})")
     scores = candidate_scores(embeddings[query_index], embeddings, cand_index, similarity)  # (Q, K)
-    hits, ties, argmax_hits = precision_at_1(scores)
     counts = (cand_index >= 0).sum(dim=1)  # (Q,) candidates a row
-    # MMEB-V2 scores an image task by hit@1 of VLM2Vec-V2's ranking (its numpy sort: ties in its order), gold at 0
-    v2_hit = mmeb_v2.ranking_metrics(scores, [str(k) for k in range(scores.shape[1])], [["0"]] * len(rows), ks=(1,))
-    result = {"precision_at_1": 100.0 * hits / len(rows), "precision_at_1_argmax": 100.0 * argmax_hits / len(rows),
-              "v2_hit_at_1": 100.0 * v2_hit["hit@1"],
-              "num_queries": len(rows), "ties": ties, "candidates": [int(counts.min()), int(counts.max())],
+    result = {**gold_first_metrics(scores),
+              "num_queries": len(rows), "candidates": [int(counts.min()), int(counts.max())],
               "distinct_items": len(items), "dedup_factor": (len(rows) + int(counts.sum())) / len(items),
               "seconds": seconds, "items_per_second": len(items) / max(seconds, 1e-9), "images_shrunk": shrunk}
     return result, embeddings, query_index, cand_index, scores
@@ -266,12 +272,7 @@ def evaluate_all(embedder, names, mmeb_dir, image_dir, stem, settings, rank, wor
             reranked, in_top, cost = rerank.rescore_top(reranker, pair, scores, settings["rerank_top"],
                                                         settings["batch_size"], workers, rank, world_size,
                                                         f"{name}: reranking")
-            hits, ties, argmax_hits = precision_at_1(reranked)
-            v2_hit = mmeb_v2.ranking_metrics(reranked, [str(k) for k in range(scores.shape[1])], [["0"]] * len(rows),
-                                             ks=(1,))
-            per_dataset[name]["reranked"] = dict(cost, precision_at_1=100.0 * hits / len(rows), ties=ties,
-                                                 precision_at_1_argmax=100.0 * argmax_hits / len(rows),
-                                                 v2_hit_at_1=100.0 * v2_hit["hit@1"],
+            per_dataset[name]["reranked"] = dict(cost, **gold_first_metrics(reranked),
                                                  gold_in_top=100.0 * float(in_top[:, 0].float().mean()))
         sample = geometry_sample(embeddings, query_index, cand_index, geometry_size, generator) if geometry_size else None
         if settings["sheet_queries"]:
@@ -324,7 +325,7 @@ def evaluate_v2_task(embedder, task, similarity, batch_size=16, num_workers=0, r
             column = {name: j for j, name in enumerate(task["candidate_names"])}
             own = torch.zeros_like(scores, dtype=torch.bool)
             for q, names in enumerate(task["local"]):
-                own[q, [column[n] for n in names if n in column]] = True
+                own[q, [column[n] for n in names]] = True  # ranking_metrics above refused a name not in the pool
             scores = scores.masked_fill(~own, -math.inf)
         reranked, _, cost = rerank.rescore_top(reranker, lambda q, m: (queries[q], pool[m]), scores, top, batch_size,
                                         num_workers, rank, world_size, f"{task['name']}: reranking")

@@ -258,6 +258,7 @@ def statistics(terms):
     positive = F.one_hot(terms.targets, terms.logits.shape[1]).bool()  # (N, world * M)
     one = torch.ones((), device=terms.logits.device)
     norms = terms.query_norms is not None  # a reranker's terms have scores, no vectors
+    compared = "cos" if norms else "score"  # what terms.cos holds: cosines (eq. 1), or a reranker's scores (R1)
     sums = {"weighted_nll": (terms.weights * terms.nll).sum(), "weight_sum": terms.weights.sum(),
             "pos_prob": torch.exp(-terms.nll).sum(), "focal_confidence": terms.confidence.sum(),
             "query_norm": terms.query_norms.sum() if norms else 0 * one, "queries": one * len(terms.nll),
@@ -278,13 +279,11 @@ def statistics(terms):
              "pos_prob": totals["pos_prob"] / totals["queries"],  # mean pi_i, eq. (3)
              "focal_confidence": totals["focal_confidence"] / totals["queries"],  # mean p_i, eq. (4)
              "weight_min": -totals["minus_weight_min"], "weight_max": totals["weight_max"],  # a_i, eq. (5)
-             "query_norm": totals["query_norm"] / totals["queries"],
-             "candidate_norm": totals["candidate_norm"] / totals["candidates"],
-             "pos_cos": totals["pos_cos"] / totals["queries"], "neg_cos": totals["neg_cos"] / max(totals["negatives"], 1.0),
-             "logit_spread": totals["logit_spread"]}
-    if not norms:  # a reranker: the mean scores (R1) of positives and negatives, not cosines
-        stats = {("pos_score" if k == "pos_cos" else "neg_score" if k == "neg_cos" else k): v
-                 for k, v in stats.items() if k not in ("query_norm", "candidate_norm")}
+             f"pos_{compared}": totals["pos_cos"] / totals["queries"],
+             f"neg_{compared}": totals["neg_cos"] / max(totals["negatives"], 1.0), "logit_spread": totals["logit_spread"]}
+    if norms:
+        stats.update(query_norm=totals["query_norm"] / totals["queries"],
+                     candidate_norm=totals["candidate_norm"] / totals["candidates"])
     if terms.alignment is not None:  # eq. (U4): L is mu times InfoNCE plus lambda times the mean A_i
         stats["infonce"], stats["alignment"] = stats["loss"], totals["alignment"] / totals["queries"]
         stats["loss"] = terms.infonce_weight * stats["infonce"] + terms.alignment_weight * stats["alignment"]

@@ -240,12 +240,11 @@ print(f"trainable: {num_trainable / 1e6:.2f}M parameters, " + (
 if embedder.family.linear_attention:
     print(cost.kernel_report(run_device))
 optimizer = train_step.adamw(embedder, learning_rate, adam_betas, weight_decay, sharded=distributed)
-# the loss's settings, eqs. (3)-(7)
-loss_args = dict(similarity=similarity, temperature=temperature, focal_gamma=focal_gamma,
-                 focal_temperature=focal_temperature, weighting=weighting, matryoshka_dims=matryoshka_dims)
+# the loss's settings: the reranker's, eq. (R2), or eqs. (3)-(7)
+loss_args = dict(temperature=temperature) if reranking else dict(
+    similarity=similarity, temperature=temperature, focal_gamma=focal_gamma, focal_temperature=focal_temperature,
+    weighting=weighting, matryoshka_dims=matryoshka_dims)
 judged = soft_labels == "judge"
-if reranking:  # eq. (R2)
-    loss_args = dict(temperature=temperature)
 if judged:
     loss_args.update(judge_temperature=judge_temperature, alignment_weight=alignment_weight,
                      infonce_weight=infonce_weight, alignment_floor=alignment_floor)  # (U1)-(U4)

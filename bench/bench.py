@@ -435,9 +435,8 @@ def main():
         embedder, toy, toy_dataset = synthetic.toy_data(temporary.name, checkpoint, num_hard_negatives, seed)
         items = [toy_dataset[i] for i in range(count)]
     models = synthetic.stage_models(embedder.to(run_device), lora_rank, activation_checkpointing)
-    rerank_model = copy.deepcopy(models[0]) if "step" in wanted else None  # Stage I's LoRA model, its own copy
-    if rerank_model is not None:
-        models = (*models, rerank.Reranker.of(rerank_model, checkpoint).train())
+    if "step" in wanted:  # the reranker's row: Stage I's LoRA model, its own copy, under rerank.py's head
+        models = (*models, rerank.Reranker.of(copy.deepcopy(models[0]), checkpoint).train())
     if fsdp:
         shard(models, ptdtype, results)
     autocast = train_step.autocast_for(models[0], ptdtype)  # as train.py: none under FSDP2 or in float32
